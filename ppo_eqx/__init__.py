@@ -1,0 +1,26 @@
+"""ppo_eqx: CleanRL's PPO for EnvPool's XLA interface, as typed pure functions in JAX and Equinox."""
+
+from ._types import Batch as Batch
+from ._types import EnvOutput as EnvOutput
+from ._types import EpisodeStats as EpisodeStats
+from ._types import LossInfo as LossInfo
+from ._types import Transition as Transition
+from .config import ConfigError as ConfigError
+from .config import PPOConfig as PPOConfig
+from .envs import EnvSpec as EnvSpec
+from .envs import make_env as make_env
+from .gae import compute_gae as compute_gae
+from .loss import model_loss as model_loss
+from .loss import ppo_loss as ppo_loss
+from .networks import ActorCritic as ActorCritic
+from .rollout import RolloutCarry as RolloutCarry
+from .rollout import init_episode_stats as init_episode_stats
+from .rollout import rollout as rollout
+from .train import Trainer as Trainer
+from .train import TrainState as TrainState
+from .train import make_iteration as make_iteration
+from .train import train as train
+from .update import make_optimizer as make_optimizer
+from .update import update as update
+
+__version__ = "0.1.0"

@@ -1,0 +1,71 @@
+"""Shape vocabulary and the small containers that flow between modules.
+
+Axes: ``T`` time, ``N`` envs, ``B`` minibatch, ``A`` actions, ``E`` epochs, ``M`` minibatches, ``S`` seeds.
+``*obs`` stands for the observation shape of one env (``4 84 84`` for Atari frames).
+"""
+
+from typing import NamedTuple
+
+from jaxtyping import Array, Bool, Float, Int, Shaped
+
+Observation = Shaped[Array, "N *obs"]
+
+
+class EnvOutput(NamedTuple):
+    """What one call of ``env_step`` returns besides the handle, for all ``N`` envs.
+
+    ``done`` is the learning signal (a life lost, a game over or a time limit: nothing is bootstrapped past
+    it); ``game_over`` ends the episode that is reported (all lives spent, or truncated) and ``raw_reward``
+    is the unclipped game score that the reported return sums.
+    """
+
+    obs: Observation
+    reward: Float[Array, " N"]
+    done: Bool[Array, " N"]
+    raw_reward: Float[Array, " N"]
+    game_over: Bool[Array, " N"]
+
+
+class EpisodeStats(NamedTuple):
+    """Running and last finished episode return/length of each env (CleanRL's ``EpisodeStatistics``).
+
+    ``returned_*`` are NaN for an env that has not finished an episode yet.
+    """
+
+    episode_returns: Float[Array, " N"]
+    episode_lengths: Int[Array, " N"]
+    returned_episode_returns: Float[Array, " N"]
+    returned_episode_lengths: Float[Array, " N"]
+
+
+class Transition(NamedTuple):
+    """One rollout, time-major. ``dones[t]`` is True when the transition at step ``t`` ended its episode."""
+
+    obs: Shaped[Array, "T N *obs"]
+    actions: Int[Array, "T N"]
+    logprobs: Float[Array, "T N"]
+    values: Float[Array, "T N"]
+    rewards: Float[Array, "T N"]
+    dones: Bool[Array, "T N"]
+
+
+class Batch(NamedTuple):
+    """A flat batch of transitions with their advantage estimates, the input of the PPO update."""
+
+    obs: Shaped[Array, "B *obs"]
+    actions: Int[Array, " B"]
+    logprobs: Float[Array, " B"]
+    values: Float[Array, " B"]
+    advantages: Float[Array, " B"]
+    returns: Float[Array, " B"]
+
+
+class LossInfo(NamedTuple):
+    """Diagnostics of one PPO loss evaluation (scalars, or stacked over epochs and minibatches)."""
+
+    loss: Float[Array, "*batch"]
+    policy_loss: Float[Array, "*batch"]
+    value_loss: Float[Array, "*batch"]
+    entropy: Float[Array, "*batch"]
+    approx_kl: Float[Array, "*batch"]
+    clip_fraction: Float[Array, "*batch"]

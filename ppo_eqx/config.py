@@ -1,0 +1,114 @@
+"""PPOConfig: every hyperparameter, with CleanRL's names and defaults, validated in one place."""
+
+import dataclasses
+from typing import Any, Literal
+
+
+class ConfigError(ValueError):
+    """An impossible or unknown setting; the message names the value and what is allowed."""
+
+
+ConvImpl = Literal["matmul", "xla"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """Hyperparameters of ``ppo_atari_envpool_xla_jax.py`` (CleanRL), same names and defaults.
+
+    The fields after ``seed`` are ppo_eqx's own: they change speed, not results.
+    """
+
+    env_id: str = "Breakout-v5"
+    total_timesteps: int = 10_000_000
+    learning_rate: float = 2.5e-4
+    num_envs: int = 8
+    num_steps: int = 128
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    num_minibatches: int = 4
+    update_epochs: int = 4
+    norm_adv: bool = True
+    clip_coef: float = 0.1
+    clip_vloss: bool = False
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    seed: int = 1
+    # ppo_eqx's own settings.
+    conv_impl: ConvImpl = "matmul"
+    """How convolutions are computed: "matmul" (space-to-depth + patches + one matmul, fast on CPU) or
+    "xla" (lax.conv_general_dilated). Same numbers within float32 rounding."""
+    minibatch_unroll: int = 1
+    """``unroll`` of the ``lax.scan`` over minibatch steps; larger compiles slower."""
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_iterations(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+    def replace(self, **changes: Any) -> "PPOConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "PPOConfig":
+        names = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"unknown config field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
+        return cls(**values).validate()
+
+    def validate(self) -> "PPOConfig":
+        """Return self, or raise ConfigError naming the first impossible setting."""
+        for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                     "minibatch_unroll"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name}={value!r} must be a positive integer")
+        for name in ("learning_rate", "max_grad_norm"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0")
+        for name in ("gamma", "gae_lambda"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be in [0, 1]")
+        for name in ("clip_coef", "ent_coef", "vf_coef"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        if self.batch_size % self.num_minibatches:
+            raise ConfigError(
+                f"num_minibatches={self.num_minibatches} does not divide the batch of num_envs*num_steps="
+                f"{self.batch_size}; allowed: a divisor of {self.batch_size}"
+            )
+        if self.total_timesteps < self.batch_size:
+            raise ConfigError(
+                f"total_timesteps={self.total_timesteps} is smaller than one batch (num_envs*num_steps="
+                f"{self.batch_size})"
+            )
+        if self.conv_impl not in ("matmul", "xla"):
+            raise ConfigError(f"conv_impl={self.conv_impl!r} is not one of 'matmul', 'xla'")
+        if not isinstance(self.env_id, str) or not self.env_id:
+            raise ConfigError(f"env_id={self.env_id!r} must be a non-empty EnvPool task id")
+        return self
+
+
+# CleanRL's ppo.py defaults for vector-observation tasks (CartPole-v1 and friends): only what differs.
+VECTOR_PRESET: dict[str, Any] = {
+    "total_timesteps": 500_000,
+    "num_envs": 4,
+    "clip_coef": 0.2,
+}
+
+
+def preset_for(is_atari: bool) -> dict[str, Any]:
+    """Defaults that replace PPOConfig's for a kind of task: none for Atari, CleanRL's ppo.py for vectors."""
+    return {} if is_atari else dict(VECTOR_PRESET)

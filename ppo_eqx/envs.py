@@ -1,0 +1,96 @@
+"""The only module that imports envpool: make_env -> (spec, handle, env_step, first observation)."""
+
+import functools
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Int
+
+from ._types import EnvOutput
+from .config import ConfigError, PPOConfig
+
+EnvStep = Callable[[Any, Int[Array, " N"]], tuple[Any, EnvOutput]]
+"""``env_step(handle, actions) -> (handle, EnvOutput)``: pure, jittable, the handle threaded through."""
+
+
+class EnvSpec(NamedTuple):
+    env_id: str
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    num_actions: int
+    is_atari: bool
+
+
+@functools.cache
+def _all_env_ids() -> frozenset[str]:
+    import envpool
+
+    return frozenset(envpool.list_all_envs())
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise ConfigError unless EnvPool knows ``env_id``."""
+    if env_id not in _all_env_ids():
+        close = sorted(name for name in _all_env_ids() if name.split("-")[0].lower() == env_id.split("-")[0].lower())
+        hint = f"; did you mean {', '.join(close)}?" if close else "; see envpool.list_all_envs()"
+        raise ConfigError(f"env_id={env_id!r} is not an EnvPool task{hint}")
+
+
+def is_atari(env_id: str) -> bool:
+    """Atari tasks are those with frame stacking and episodic lives (every ``*-v5`` game)."""
+    check_env_id(env_id)
+    import envpool
+
+    config = envpool.make_spec(env_id).config
+    return hasattr(config, "episodic_life")
+
+
+def _make_pool(env_id: str, num_envs: int, seed: int, env_seed: list[int] | None) -> Any:
+    import envpool
+
+    kwargs: dict[str, Any] = {"env_type": "gymnasium", "num_envs": num_envs, "seed": seed}
+    if env_seed is not None:
+        kwargs["env_seed"] = env_seed
+    if is_atari(env_id):
+        # CleanRL's make_env: a lost life ends the learning episode and rewards are clipped to their sign.
+        kwargs.update(episodic_life=True, reward_clip=True)
+    with warnings.catch_warnings():
+        # gymnasium warns when EnvPool's float64 Box bounds are cast to float32.
+        warnings.simplefilter("ignore", UserWarning)
+        return envpool.make(env_id, **kwargs)
+
+
+def make_env(
+    config: PPOConfig, *, env_seed: list[int] | None = None
+) -> tuple[EnvSpec, Any, EnvStep, Any, np.ndarray]:
+    """Make ``config.num_envs`` envs of ``config.env_id`` and reset them.
+
+    Returns ``(spec, handle, env_step, pool, first_obs)``; ``pool`` must stay alive while ``handle`` is used.
+    ``env_seed`` gives every env its own seed (EnvPool's ``env_seed``), otherwise env i gets ``seed + i``.
+    """
+    check_env_id(config.env_id)
+    pool = _make_pool(config.env_id, config.num_envs, config.seed, env_seed)
+    atari = is_atari(config.env_id)
+    space = pool.action_space
+    if not hasattr(space, "n"):
+        raise ConfigError(f"env_id={config.env_id!r} has a continuous action space; ppo_eqx needs discrete actions")
+    spec = EnvSpec(config.env_id, tuple(pool.observation_space.shape), np.dtype(pool.observation_space.dtype),
+                   int(space.n), atari)
+    handle, _recv, _send, xla_step = pool.xla()
+    first_obs, _ = pool.reset()
+
+    def env_step(handle: Any, actions: Int[Array, " N"]) -> tuple[Any, EnvOutput]:
+        handle, (obs, reward, terminated, truncated, info) = xla_step(handle, actions)
+        done = jnp.logical_or(terminated, truncated)
+        if atari:
+            # info["terminated"] is the game over (all lives spent); info["reward"] the unclipped score.
+            game_over = jnp.logical_or(info["terminated"].astype(bool), truncated)
+            raw_reward = info["reward"].astype(jnp.float32)
+        else:
+            game_over, raw_reward = done, reward.astype(jnp.float32)
+        return handle, EnvOutput(obs, reward.astype(jnp.float32), done, raw_reward, game_over)
+
+    return spec, handle, env_step, pool, first_obs

@@ -1,0 +1,70 @@
+"""The PPO objective: ``ppo_loss`` on arrays, ``model_loss`` on a model and a batch."""
+
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Float
+
+from ._types import Batch, LossInfo
+from .networks import ActorCritic
+
+
+def ppo_loss(
+    new_logprob: Float[Array, " B"],
+    new_value: Float[Array, " B"],
+    entropy: Float[Array, " B"],
+    old_logprob: Float[Array, " B"],
+    old_value: Float[Array, " B"],
+    advantages: Float[Array, " B"],
+    returns: Float[Array, " B"],
+    *,
+    clip_coef: Float[ArrayLike, ""],
+    vf_coef: Float[ArrayLike, ""],
+    ent_coef: Float[ArrayLike, ""],
+    norm_adv: bool = True,
+    clip_vloss: bool = False,
+) -> tuple[Float[Array, ""], LossInfo]:
+    """CleanRL's PPO loss on a flat minibatch; every reduction is a mean over ``B``.
+
+    ``loss = policy_loss - ent_coef * mean(entropy) + vf_coef * value_loss``. With ``norm_adv`` the
+    advantages are standardised within the minibatch, ``(a - mean) / (std + 1e-8)``. With ``clip_vloss``
+    the value loss is the larger of the plain and the clipped squared error (CleanRL's torch version; its
+    JAX version ignores the flag).
+    """
+    log_ratio = new_logprob - old_logprob
+    ratio = jnp.exp(log_ratio)
+    if norm_adv:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    policy_loss = jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef)).mean()
+    value_error = (new_value - returns) ** 2
+    if clip_vloss:
+        clipped_value = old_value + jnp.clip(new_value - old_value, -clip_coef, clip_coef)
+        value_error = jnp.maximum(value_error, (clipped_value - returns) ** 2)
+    value_loss = 0.5 * value_error.mean()
+    entropy_mean = entropy.mean()
+    loss = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
+    info = LossInfo(
+        loss=loss,
+        policy_loss=policy_loss,
+        value_loss=value_loss,
+        entropy=entropy_mean,
+        approx_kl=((ratio - 1) - log_ratio).mean(),
+        clip_fraction=(jnp.abs(ratio - 1) > clip_coef).astype(jnp.float32).mean(),
+    )
+    return loss, info
+
+
+def model_loss(
+    model: ActorCritic,
+    batch: Batch,
+    *,
+    clip_coef: Float[ArrayLike, ""],
+    vf_coef: Float[ArrayLike, ""],
+    ent_coef: Float[ArrayLike, ""],
+    norm_adv: bool = True,
+    clip_vloss: bool = False,
+) -> tuple[Float[Array, ""], LossInfo]:
+    """``ppo_loss`` of ``model`` on ``batch``; differentiate it with ``eqx.filter_value_and_grad``."""
+    new_logprob, entropy, new_value = model.evaluate_actions(batch.obs, batch.actions)
+    return ppo_loss(
+        new_logprob, new_value, entropy, batch.logprobs, batch.values, batch.advantages, batch.returns,
+        clip_coef=clip_coef, vf_coef=vf_coef, ent_coef=ent_coef, norm_adv=norm_adv, clip_vloss=clip_vloss,
+    )

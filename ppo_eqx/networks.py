@@ -1,0 +1,188 @@
+"""ActorCritic: CleanRL's Nature-CNN agent for Atari frames, its two-MLP agent for vector observations.
+
+Every layer takes a whole batch (leading axis ``B``); nothing here is vmapped. Convolutions can be
+computed two ways that give the same numbers (``conv_impl``):
+
+- ``"xla"``: ``lax.conv_general_dilated``.
+- ``"matmul"``: space-to-depth by the stride, then the stride-1 patches of the small remaining kernel,
+  then one matrix product. On CPU, XLA's convolution gradients run far below its matmul rate and slow down
+  another ten times inside ``lax.scan``; matrix products do neither.
+"""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int, PRNGKeyArray, Shaped
+
+from .config import ConvImpl
+
+
+def _orthogonal(key: PRNGKeyArray, shape: tuple[int, ...], scale: float) -> Float[Array, "..."]:
+    """CleanRL's ``layer_init``: an orthogonal (fan-in x fan-out) matrix times ``scale``."""
+    fan_out = shape[-1]
+    matrix = jax.nn.initializers.orthogonal(scale)(key, (math.prod(shape[:-1]), fan_out), jnp.float32)
+    return matrix.reshape(shape)
+
+
+class Dense(eqx.Module):
+    weight: Float[Array, "fan_in fan_out"]
+    bias: Float[Array, " fan_out"]
+
+    def __init__(self, fan_in: int, fan_out: int, scale: float, *, key: PRNGKeyArray):
+        self.weight = _orthogonal(key, (fan_in, fan_out), scale)
+        self.bias = jnp.zeros((fan_out,), jnp.float32)
+
+    def __call__(self, x: Float[Array, "B fan_in"]) -> Float[Array, "B fan_out"]:
+        return x @ self.weight + self.bias
+
+
+def space_to_depth(x: Float[Array, "B H W C"], block: int) -> Float[Array, "B h w D"]:
+    """Fold each ``block x block`` tile into channels, ordered (row in tile, column in tile, channel)."""
+    b, h, w, c = x.shape
+    x = x.reshape(b, h // block, block, w // block, block, c).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, h // block, w // block, block * block * c)
+
+
+def patches(x: Float[Array, "B H W C"], size: int) -> Float[Array, "B h w D"]:
+    """Stride-1 ``size x size`` patches (no padding), ordered (kernel row, kernel column, channel)."""
+    _, h, w, _ = x.shape
+    out_h, out_w = h - size + 1, w - size + 1
+    return jnp.concatenate(
+        [x[:, i : i + out_h, j : j + out_w, :] for i in range(size) for j in range(size)], axis=-1
+    )
+
+
+class Conv(eqx.Module):
+    """A VALID convolution in NHWC with an HWIO kernel (flax's layout), kernel size a multiple of stride."""
+
+    weight: Float[Array, "kh kw cin cout"]
+    bias: Float[Array, " cout"]
+    stride: int = eqx.field(static=True)
+
+    def __init__(self, cin: int, cout: int, size: int, stride: int, scale: float, *, key: PRNGKeyArray):
+        if size % stride:
+            raise ValueError(f"kernel size {size} must be a multiple of stride {stride}")
+        self.weight = _orthogonal(key, (size, size, cin, cout), scale)
+        self.bias = jnp.zeros((cout,), jnp.float32)
+        self.stride = stride
+
+    def __call__(self, x: Float[Array, "B H W C"], impl: ConvImpl) -> Float[Array, "B h w cout"]:
+        if impl == "xla":
+            y = jax.lax.conv_general_dilated(
+                x, self.weight, (self.stride, self.stride), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+            )
+            return y + self.bias
+        s = self.stride
+        size, _, cin, cout = self.weight.shape
+        k = size // s
+        b, h, w, _ = x.shape
+        out_h, out_w = (h - size) // s + 1, (w - size) // s + 1
+        # Crop to the rows/columns the VALID convolution reads, so that space-to-depth tiles exactly.
+        x = space_to_depth(x[:, : (out_h + k - 1) * s, : (out_w + k - 1) * s, :], s)
+        # kernel (k*s, k*s, cin, cout) -> (ki, kj, bi, bj, cin, cout) to match patches(space_to_depth(x)).
+        kernel = self.weight.reshape(k, s, k, s, cin, cout).transpose(0, 2, 1, 3, 4, 5).reshape(-1, cout)
+        columns = patches(x, k)
+        y = columns.reshape(-1, columns.shape[-1]) @ kernel
+        return y.reshape(b, out_h, out_w, cout) + self.bias
+
+
+class NatureCNN(eqx.Module):
+    """Mnih et al. (2015) torso as CleanRL builds it: 3 convs then a 512-unit layer, ReLU, sqrt(2) gain."""
+
+    convs: tuple[Conv, Conv, Conv]
+    dense: Dense
+
+    def __init__(self, obs_shape: tuple[int, ...], *, key: PRNGKeyArray):
+        channels, height, width = obs_shape
+        k1, k2, k3, k4 = jax.random.split(key, 4)
+        gain = math.sqrt(2)
+        self.convs = (
+            Conv(channels, 32, 8, 4, gain, key=k1),
+            Conv(32, 64, 4, 2, gain, key=k2),
+            Conv(64, 64, 3, 1, gain, key=k3),
+        )
+        for conv in self.convs:
+            size = conv.weight.shape[0]
+            height, width = (height - size) // conv.stride + 1, (width - size) // conv.stride + 1
+        self.dense = Dense(height * width * 64, 512, gain, key=k4)
+
+    def __call__(self, obs: Shaped[Array, "B C H W"], impl: ConvImpl) -> Float[Array, "B 512"]:
+        x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
+        for conv in self.convs:
+            x = jax.nn.relu(conv(x, impl))
+        # Flatten in (row, column, channel) order, as CleanRL's flax model does.
+        return jax.nn.relu(self.dense(x.reshape(x.shape[0], -1)))
+
+
+class MLP(eqx.Module):
+    layers: tuple[Dense, ...]
+
+    def __init__(self, sizes: tuple[int, ...], final_scale: float, *, key: PRNGKeyArray):
+        keys = jax.random.split(key, len(sizes) - 1)
+        scales = [math.sqrt(2)] * (len(sizes) - 2) + [final_scale]
+        self.layers = tuple(
+            Dense(fan_in, fan_out, scale, key=k)
+            for fan_in, fan_out, scale, k in zip(sizes[:-1], sizes[1:], scales, keys, strict=True)
+        )
+
+    def __call__(self, x: Float[Array, "B D"]) -> Float[Array, "B out"]:
+        for layer in self.layers[:-1]:
+            x = jnp.tanh(layer(x))
+        return self.layers[-1](x)
+
+
+class ActorCritic(eqx.Module):
+    """Policy logits and state values for a batch of observations.
+
+    Pixel observations ``[B, C, H, W]`` (uint8, scaled by 1/255 inside) share a Nature-CNN torso between a
+    linear actor (gain 0.01) and a linear critic (gain 1), as CleanRL's Atari agent. Flat observations
+    ``[B, D]`` get CleanRL's classic-control agent: separate 64-64 tanh MLPs for actor and critic.
+    """
+
+    torso: NatureCNN | None
+    actor: Dense | MLP
+    critic: Dense | MLP
+    conv_impl: ConvImpl = eqx.field(static=True)
+
+    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, *, conv_impl: ConvImpl = "matmul",
+                 key: PRNGKeyArray):
+        torso_key, actor_key, critic_key = jax.random.split(key, 3)
+        self.conv_impl = conv_impl
+        if len(obs_shape) == 3:
+            self.torso = NatureCNN(obs_shape, key=torso_key)
+            self.actor = Dense(512, num_actions, 0.01, key=actor_key)
+            self.critic = Dense(512, 1, 1.0, key=critic_key)
+        elif len(obs_shape) == 1:
+            self.torso = None
+            self.actor = MLP((obs_shape[0], 64, 64, num_actions), 0.01, key=actor_key)
+            self.critic = MLP((obs_shape[0], 64, 64, 1), 1.0, key=critic_key)
+        else:
+            raise ValueError(f"observation shape {obs_shape} is neither [C, H, W] frames nor a flat vector")
+
+    def __call__(self, obs: Shaped[Array, "B *obs"]) -> tuple[Float[Array, "B A"], Float[Array, " B"]]:
+        """Logits ``[B, A]`` and values ``[B]``."""
+        if self.torso is None:
+            x = obs.astype(jnp.float32)
+            return self.actor(x), self.critic(x)[:, 0]
+        hidden = self.torso(obs, self.conv_impl)
+        return self.actor(hidden), self.critic(hidden)[:, 0]
+
+    def evaluate_actions(
+        self, obs: Shaped[Array, "B *obs"], actions: Int[Array, " B"]
+    ) -> tuple[Float[Array, " B"], Float[Array, " B"], Float[Array, " B"]]:
+        """Log-probability of ``actions``, policy entropy and value, each ``[B]``."""
+        logits, value = self(obs)
+        logprob, entropy = categorical_logprob_entropy(logits, actions)
+        return logprob, entropy, value
+
+
+def categorical_logprob_entropy(
+    logits: Float[Array, "B A"], actions: Int[Array, " B"]
+) -> tuple[Float[Array, " B"], Float[Array, " B"]]:
+    """Log-probability of ``actions`` under softmax(logits), and the distribution's entropy."""
+    log_probs = jax.nn.log_softmax(logits)
+    logprob = jnp.take_along_axis(log_probs, actions[:, None], axis=1)[:, 0]
+    entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+    return logprob, entropy

@@ -1,0 +1,88 @@
+"""The PPO update: shuffle the batch each epoch, split it into minibatches, one Adam step per minibatch."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
+
+from ._types import Batch, LossInfo
+from .config import PPOConfig
+from .loss import model_loss
+from .networks import ActorCritic
+
+
+def learning_rate_schedule(config: PPOConfig) -> optax.Schedule:
+    """CleanRL's linear annealing: constant within an iteration, from ``learning_rate`` towards 0."""
+    steps_per_iteration = config.num_minibatches * config.update_epochs
+
+    def schedule(count: Int[ArrayLike, ""]) -> Float[Array, ""]:
+        frac = 1.0 - (count // steps_per_iteration) / config.num_iterations
+        return config.learning_rate * frac
+
+    return schedule if config.anneal_lr else optax.constant_schedule(config.learning_rate)
+
+
+def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
+    """Global-norm clipping, then Adam (eps=1e-5) with the learning rate as an inspectable hyperparameter."""
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate_schedule(config), eps=1e-5),
+    )
+
+
+def current_learning_rate(opt_state: PyTree) -> Float[Array, ""]:
+    """The learning rate that the last Adam step used (from ``make_optimizer``'s state)."""
+    return opt_state[1].hyperparams["learning_rate"]
+
+
+def minibatch_indices(
+    batch_size: int, *, num_minibatches: int, update_epochs: int, key: PRNGKeyArray
+) -> Int[Array, "EM mb"]:
+    """A fresh permutation of the batch each epoch, split into ``num_minibatches`` rows (epoch-major)."""
+    keys = jax.random.split(key, update_epochs)
+    permutations = jax.vmap(lambda k: jax.random.permutation(k, batch_size))(keys)
+    return permutations.reshape(update_epochs * num_minibatches, batch_size // num_minibatches)
+
+
+def update(
+    model: ActorCritic,
+    opt_state: PyTree,
+    batch: Batch,
+    *,
+    optimizer: optax.GradientTransformation,
+    num_minibatches: int,
+    update_epochs: int,
+    clip_coef: Float[ArrayLike, ""],
+    vf_coef: Float[ArrayLike, ""],
+    ent_coef: Float[ArrayLike, ""],
+    norm_adv: bool = True,
+    clip_vloss: bool = False,
+    unroll: int = 1,
+    key: PRNGKeyArray,
+) -> tuple[ActorCritic, PyTree, LossInfo]:
+    """``update_epochs`` passes over ``batch`` in ``num_minibatches`` minibatches, one optimizer step each.
+
+    Returns the new model and optimizer state, and the loss diagnostics of every step, shaped
+    ``[update_epochs * num_minibatches]`` (epoch-major). The steps run in one ``lax.scan`` with ``unroll``.
+    """
+    params, static = eqx.partition(model, eqx.is_array)
+    indices = minibatch_indices(
+        batch.actions.shape[0], num_minibatches=num_minibatches, update_epochs=update_epochs, key=key
+    )
+
+    def loss_fn(params: PyTree, minibatch: Batch) -> tuple[Float[Array, ""], LossInfo]:
+        return model_loss(
+            eqx.combine(params, static), minibatch, clip_coef=clip_coef, vf_coef=vf_coef, ent_coef=ent_coef,
+            norm_adv=norm_adv, clip_vloss=clip_vloss,
+        )
+
+    def step(carry: tuple[PyTree, PyTree], index: Int[Array, " mb"]) -> tuple[tuple[PyTree, PyTree], LossInfo]:
+        params, opt_state = carry
+        minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0), batch)
+        (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, minibatch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), info
+
+    (params, opt_state), infos = jax.lax.scan(step, (params, opt_state), indices, unroll=unroll)
+    return eqx.combine(params, static), opt_state, infos
