@@ -52,7 +52,7 @@ class Transition(NamedTuple):
 class Batch(NamedTuple):
     """A flat batch of transitions with their advantage estimates, the input of the PPO update."""
 
-    obs: Shaped[Array, "B *obs"]
+    obs: Shaped[Array, " B *obs"]
     actions: Int[Array, " B"]
     logprobs: Float[Array, " B"]
     values: Float[Array, " B"]

@@ -9,9 +9,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn, get_args
+from typing import Any, NoReturn
 
-from .config import ConfigError, PPOConfig, preset_for
+from .config import CONV_IMPLS, ConfigError, PPOConfig, preset_for
+
+CHOICES = {"conv_impl": CONV_IMPLS}
 
 
 class UsageError(Exception):
@@ -35,8 +37,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f"(default: {default!r}; CleanRL's {field.name})"
         if field.type is bool:
             parser.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif get_args(field.type):
-            parser.add_argument(_flag(field.name), choices=get_args(field.type), default=None, help=help_text)
+        elif field.name in CHOICES:
+            parser.add_argument(_flag(field.name), choices=CHOICES[field.name], default=None, help=help_text)
         else:
             kind = int if field.type is int else float if field.type is float else str
             parser.add_argument(_flag(field.name), type=kind, default=None, metavar=field.name.upper(), help=help_text)
@@ -53,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(total-timesteps 500000, num-envs 4, clip-coef 0.2). Explicit flags win over both.",
     )
     _add_config_flags(train)
-    train.add_argument("--run-dir", type=Path, default=None, help="where the run is written (default: runs/ENV__SEED__TIME)")
+    train.add_argument(
+        "--run-dir", type=Path, default=None, help="where the run is written (default: runs/ENV__SEED__TIME)"
+    )
     train.add_argument("--overwrite", action="store_true", help="replace a run directory that already holds a run")
     train.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard event files")
     train.add_argument("--no-progress", action="store_true", help="print one line per iteration, no progress bar")
@@ -120,8 +124,11 @@ def train_command(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
     _prepare_run_dir(run_dir, args.overwrite)
 
-    print(f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps, "
-          f"run directory {run_dir}, jax {jax.__version__} on {jax.default_backend()}", flush=True)
+    print(
+        f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps, "
+        f"run directory {run_dir}, jax {jax.__version__} on {jax.default_backend()}",
+        flush=True,
+    )
     writer = RunWriter(run_dir, config, hardware_info(), tensorboard=not args.no_tensorboard)
     stop = _StopRequest()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -130,8 +137,14 @@ def train_command(args: argparse.Namespace) -> int:
         trainer = Trainer(config)
         compile_seconds = trainer.compile()
         print(f"ppo-eqx: compiled one iteration in {compile_seconds:.1f} s", flush=True)
-        bar = tqdm(total=config.num_iterations * config.batch_size, unit="step", unit_scale=True,
-                   disable=args.no_progress, dynamic_ncols=True, mininterval=1.0)
+        bar = tqdm(
+            total=config.num_iterations * config.batch_size,
+            unit="step",
+            unit_scale=True,
+            disable=args.no_progress,
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
         record: dict[str, Any] = {}
         for record in run(trainer):
             record["time_elapsed"] = time.perf_counter() - start
@@ -142,18 +155,27 @@ def train_command(args: argparse.Namespace) -> int:
             bar.set_postfix(sps=f"{record['sps']:.0f}", ret=f"{record['episodic_return']:.1f}")
             if args.no_progress:
                 left = (config.num_iterations - record["iteration"]) * config.batch_size / record["sps"]
-                print(f"step {record['global_step']} sps {record['sps']:.0f} episodic_return "
-                      f"{record['episodic_return']:.2f} time left {_format_eta(left)}", flush=True)
+                print(
+                    f"step {record['global_step']} sps {record['sps']:.0f} episodic_return "
+                    f"{record['episodic_return']:.2f} time left {_format_eta(left)}",
+                    flush=True,
+                )
             if stop.signal:
                 break
         bar.close()
         if stop.signal:
-            print(f"ppo-eqx: stopped by {stop.signal} after iteration {record.get('iteration', 0)}; "
-                  f"metrics so far are in {run_dir}", file=sys.stderr)
+            print(
+                f"ppo-eqx: stopped by {stop.signal} after iteration {record.get('iteration', 0)}; "
+                f"metrics so far are in {run_dir}",
+                file=sys.stderr,
+            )
             return 130 if stop.signal == "SIGINT" else 143
         writer.finish({key: record.get(key) for key in ("global_step", "time_elapsed", "episodic_return")})
-        print(f"ppo-eqx: done, {record['global_step']} steps in {record['time_elapsed']:.0f} s, "
-              f"episodic_return {record['episodic_return']:.2f}", flush=True)
+        print(
+            f"ppo-eqx: done, {record['global_step']} steps in {record['time_elapsed']:.0f} s, "
+            f"episodic_return {record['episodic_return']:.2f}",
+            flush=True,
+        )
         return 0
     finally:
         writer.close()

@@ -1,7 +1,7 @@
 """PPOConfig: every hyperparameter, with CleanRL's names and defaults, validated in one place."""
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 
 class ConfigError(ValueError):
@@ -9,6 +9,7 @@ class ConfigError(ValueError):
 
 
 ConvImpl = Literal["matmul", "xla"]
+CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +37,9 @@ class PPOConfig:
     max_grad_norm: float = 0.5
     seed: int = 1
     # ppo_eqx's own settings.
-    conv_impl: ConvImpl = "matmul"
-    """How convolutions are computed: "matmul" (space-to-depth + patches + one matmul, fast on CPU) or
-    "xla" (lax.conv_general_dilated). Same numbers within float32 rounding."""
+    conv_impl: str = "matmul"
+    """How convolutions are computed (one of CONV_IMPLS): "matmul" (space-to-depth, patches, one matmul; fast
+    on CPU) or "xla" (lax.conv_general_dilated). Same numbers within float32 rounding."""
     minibatch_unroll: int = 1
     """``unroll`` of the ``lax.scan`` over minibatch steps; larger compiles slower."""
 
@@ -70,8 +71,14 @@ class PPOConfig:
 
     def validate(self) -> "PPOConfig":
         """Return self, or raise ConfigError naming the first impossible setting."""
-        for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
-                     "minibatch_unroll"):
+        for name in (
+            "total_timesteps",
+            "num_envs",
+            "num_steps",
+            "num_minibatches",
+            "update_epochs",
+            "minibatch_unroll",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name}={value!r} must be a positive integer")
@@ -94,8 +101,8 @@ class PPOConfig:
                 f"total_timesteps={self.total_timesteps} is smaller than one batch (num_envs*num_steps="
                 f"{self.batch_size})"
             )
-        if self.conv_impl not in ("matmul", "xla"):
-            raise ConfigError(f"conv_impl={self.conv_impl!r} is not one of 'matmul', 'xla'")
+        if self.conv_impl not in CONV_IMPLS:
+            raise ConfigError(f"conv_impl={self.conv_impl!r} is not one of {', '.join(map(repr, CONV_IMPLS))}")
         if not isinstance(self.env_id, str) or not self.env_id:
             raise ConfigError(f"env_id={self.env_id!r} must be a non-empty EnvPool task id")
         return self

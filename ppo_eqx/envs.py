@@ -1,8 +1,9 @@
 """The only module that imports envpool: make_env -> (spec, handle, env_step, first observation)."""
 
+import contextlib
 import functools
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
@@ -44,8 +45,17 @@ def is_atari(env_id: str) -> bool:
     check_env_id(env_id)
     import envpool
 
-    config = envpool.make_spec(env_id).config
+    with _quiet_gymnasium():
+        config = envpool.make_spec(env_id).config
     return hasattr(config, "episodic_life")
+
+
+@contextlib.contextmanager
+def _quiet_gymnasium() -> Iterator[None]:
+    """gymnasium warns each time it builds a Box from EnvPool's float64 bounds; the cast is harmless."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*precision lowered by casting", category=UserWarning)
+        yield
 
 
 def _make_pool(env_id: str, num_envs: int, seed: int, env_seed: list[int] | None) -> Any:
@@ -57,15 +67,11 @@ def _make_pool(env_id: str, num_envs: int, seed: int, env_seed: list[int] | None
     if is_atari(env_id):
         # CleanRL's make_env: a lost life ends the learning episode and rewards are clipped to their sign.
         kwargs.update(episodic_life=True, reward_clip=True)
-    with warnings.catch_warnings():
-        # gymnasium warns when EnvPool's float64 Box bounds are cast to float32.
-        warnings.simplefilter("ignore", UserWarning)
+    with _quiet_gymnasium():
         return envpool.make(env_id, **kwargs)
 
 
-def make_env(
-    config: PPOConfig, *, env_seed: list[int] | None = None
-) -> tuple[EnvSpec, Any, EnvStep, Any, np.ndarray]:
+def make_env(config: PPOConfig, *, env_seed: list[int] | None = None) -> tuple[EnvSpec, Any, EnvStep, Any, np.ndarray]:
     """Make ``config.num_envs`` envs of ``config.env_id`` and reset them.
 
     Returns ``(spec, handle, env_step, pool, first_obs)``; ``pool`` must stay alive while ``handle`` is used.
@@ -74,11 +80,13 @@ def make_env(
     check_env_id(config.env_id)
     pool = _make_pool(config.env_id, config.num_envs, config.seed, env_seed)
     atari = is_atari(config.env_id)
-    space = pool.action_space
+    with _quiet_gymnasium():
+        space, observation_space = pool.action_space, pool.observation_space
     if not hasattr(space, "n"):
         raise ConfigError(f"env_id={config.env_id!r} has a continuous action space; ppo_eqx needs discrete actions")
-    spec = EnvSpec(config.env_id, tuple(pool.observation_space.shape), np.dtype(pool.observation_space.dtype),
-                   int(space.n), atari)
+    spec = EnvSpec(
+        config.env_id, tuple(observation_space.shape), np.dtype(observation_space.dtype), int(space.n), atari
+    )
     handle, _recv, _send, xla_step = pool.xla()
     first_obs, _ = pool.reset()
 

@@ -65,6 +65,16 @@ def model_loss(
     """``ppo_loss`` of ``model`` on ``batch``; differentiate it with ``eqx.filter_value_and_grad``."""
     new_logprob, entropy, new_value = model.evaluate_actions(batch.obs, batch.actions)
     return ppo_loss(
-        new_logprob, new_value, entropy, batch.logprobs, batch.values, batch.advantages, batch.returns,
-        clip_coef=clip_coef, vf_coef=vf_coef, ent_coef=ent_coef, norm_adv=norm_adv, clip_vloss=clip_vloss,
+        new_logprob,
+        new_value,
+        entropy,
+        batch.logprobs,
+        batch.values,
+        batch.advantages,
+        batch.returns,
+        clip_coef=clip_coef,
+        vf_coef=vf_coef,
+        ent_coef=ent_coef,
+        norm_adv=norm_adv,
+        clip_vloss=clip_vloss,
     )

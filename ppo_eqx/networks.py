@@ -49,9 +49,7 @@ def patches(x: Float[Array, "B H W C"], size: int) -> Float[Array, "B h w D"]:
     """Stride-1 ``size x size`` patches (no padding), ordered (kernel row, kernel column, channel)."""
     _, h, w, _ = x.shape
     out_h, out_w = h - size + 1, w - size + 1
-    return jnp.concatenate(
-        [x[:, i : i + out_h, j : j + out_w, :] for i in range(size) for j in range(size)], axis=-1
-    )
+    return jnp.concatenate([x[:, i : i + out_h, j : j + out_w, :] for i in range(size) for j in range(size)], axis=-1)
 
 
 class Conv(eqx.Module):
@@ -146,8 +144,9 @@ class ActorCritic(eqx.Module):
     critic: Dense | MLP
     conv_impl: ConvImpl = eqx.field(static=True)
 
-    def __init__(self, obs_shape: tuple[int, ...], num_actions: int, *, conv_impl: ConvImpl = "matmul",
-                 key: PRNGKeyArray):
+    def __init__(
+        self, obs_shape: tuple[int, ...], num_actions: int, *, conv_impl: ConvImpl = "matmul", key: PRNGKeyArray
+    ):
         torso_key, actor_key, critic_key = jax.random.split(key, 3)
         self.conv_impl = conv_impl
         if len(obs_shape) == 3:
@@ -161,7 +160,7 @@ class ActorCritic(eqx.Module):
         else:
             raise ValueError(f"observation shape {obs_shape} is neither [C, H, W] frames nor a flat vector")
 
-    def __call__(self, obs: Shaped[Array, "B *obs"]) -> tuple[Float[Array, "B A"], Float[Array, " B"]]:
+    def __call__(self, obs: Shaped[Array, " B *obs"]) -> tuple[Float[Array, "B A"], Float[Array, " B"]]:
         """Logits ``[B, A]`` and values ``[B]``."""
         if self.torso is None:
             x = obs.astype(jnp.float32)
@@ -170,7 +169,7 @@ class ActorCritic(eqx.Module):
         return self.actor(hidden), self.critic(hidden)[:, 0]
 
     def evaluate_actions(
-        self, obs: Shaped[Array, "B *obs"], actions: Int[Array, " B"]
+        self, obs: Shaped[Array, " B *obs"], actions: Int[Array, " B"]
     ) -> tuple[Float[Array, " B"], Float[Array, " B"], Float[Array, " B"]]:
         """Log-probability of ``actions``, policy entropy and value, each ``[B]``."""
         logits, value = self(obs)

@@ -58,19 +58,35 @@ def make_iteration(
             state.model, env_step, state.carry, num_steps=config.num_steps, key=rollout_key
         )
         advantages, returns = compute_gae(
-            transitions.rewards, transitions.values, transitions.dones, last_value,
-            gamma=config.gamma, gae_lambda=config.gae_lambda,
+            transitions.rewards,
+            transitions.values,
+            transitions.dones,
+            last_value,
+            gamma=config.gamma,
+            gae_lambda=config.gae_lambda,
         )
         flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
         batch = Batch(
-            flat(transitions.obs), flat(transitions.actions), flat(transitions.logprobs),
-            flat(transitions.values), flat(advantages), flat(returns),
+            flat(transitions.obs),
+            flat(transitions.actions),
+            flat(transitions.logprobs),
+            flat(transitions.values),
+            flat(advantages),
+            flat(returns),
         )
         model, opt_state, infos = update(
-            state.model, state.opt_state, batch, optimizer=optimizer,
-            num_minibatches=config.num_minibatches, update_epochs=config.update_epochs,
-            clip_coef=config.clip_coef, vf_coef=config.vf_coef, ent_coef=config.ent_coef,
-            norm_adv=config.norm_adv, clip_vloss=config.clip_vloss, unroll=config.minibatch_unroll,
+            state.model,
+            state.opt_state,
+            batch,
+            optimizer=optimizer,
+            num_minibatches=config.num_minibatches,
+            update_epochs=config.update_epochs,
+            clip_coef=config.clip_coef,
+            vf_coef=config.vf_coef,
+            ent_coef=config.ent_coef,
+            norm_adv=config.norm_adv,
+            clip_vloss=config.clip_vloss,
+            unroll=config.minibatch_unroll,
             key=update_key,
         )
         stats = carry.stats

@@ -16,7 +16,7 @@ def learning_rate_schedule(config: PPOConfig) -> optax.Schedule:
     """CleanRL's linear annealing: constant within an iteration, from ``learning_rate`` towards 0."""
     steps_per_iteration = config.num_minibatches * config.update_epochs
 
-    def schedule(count: Int[ArrayLike, ""]) -> Float[Array, ""]:
+    def schedule(count: Int[ArrayLike, ""]) -> Float[ArrayLike, ""]:
         frac = 1.0 - (count // steps_per_iteration) / config.num_iterations
         return config.learning_rate * frac
 
@@ -73,8 +73,13 @@ def update(
 
     def loss_fn(params: PyTree, minibatch: Batch) -> tuple[Float[Array, ""], LossInfo]:
         return model_loss(
-            eqx.combine(params, static), minibatch, clip_coef=clip_coef, vf_coef=vf_coef, ent_coef=ent_coef,
-            norm_adv=norm_adv, clip_vloss=clip_vloss,
+            eqx.combine(params, static),
+            minibatch,
+            clip_coef=clip_coef,
+            vf_coef=vf_coef,
+            ent_coef=ent_coef,
+            norm_adv=norm_adv,
+            clip_vloss=clip_vloss,
         )
 
     def step(carry: tuple[PyTree, PyTree], index: Int[Array, " mb"]) -> tuple[tuple[PyTree, PyTree], LossInfo]:

@@ -1,0 +1,107 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ppo_eqx.cli import main
+
+TINY_CARTPOLE = ["train", "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--no-progress"]
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("ppo-eqx: error: ")
+    return err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "--env-id", "Breakout-v9"], "env_id='Breakout-v9' is not an EnvPool task; did you mean Breakout-v5"),
+        (["train", "--env-id", "NoSuchGame"], "env_id='NoSuchGame' is not an EnvPool task"),
+        (["train", "--num-minibatches", "3"], "num_minibatches=3 does not divide the batch"),
+        (["train", "--num-envs", "0"], "num_envs=0 must be a positive integer"),
+        (["train", "--total-timesteps", "100"], "total_timesteps=100 is smaller than one batch"),
+        (["train", "--learning-rate", "fast"], "argument --learning-rate: invalid float value: 'fast'"),
+        (["train", "--conv-impl", "fft"], "argument --conv-impl: invalid choice: 'fft'"),
+        (["train", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["fly"], "invalid choice: 'fly'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
+    assert main([*argv, "--run-dir", str(tmp_path / "run")] if argv[0] == "train" else argv) == 2
+    assert message in error_line(capsys)
+    assert not (tmp_path / "run").exists()  # nothing was created for a rejected config
+
+
+def test_a_run_directory_holding_a_run_is_refused_and_kept(capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    assert main([*TINY_CARTPOLE, "--run-dir", str(run_dir)]) == 0
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    capsys.readouterr()
+    assert main([*TINY_CARTPOLE, "--run-dir", str(run_dir), "--seed", "2"]) == 2
+    assert "already holds a run; pass --overwrite" in error_line(capsys)
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    assert main([*TINY_CARTPOLE, "--run-dir", str(run_dir), "--seed", "2", "--overwrite"]) == 0
+    assert json.loads((run_dir / "config.json").read_text())["seed"] == 2
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_an_unwritable_run_directory_is_reported(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main([*TINY_CARTPOLE, "--run-dir", str(blocker)]) == 2
+    assert "is a file, not a directory" in error_line(capsys)
+    assert main([*TINY_CARTPOLE, "--run-dir", str(blocker / "below")]) == 2
+    assert "is not writable" in error_line(capsys)
+
+
+def test_run_directory_contents(capsys, tmp_path):
+    run_dir = tmp_path / "run"
+    assert main([*TINY_CARTPOLE, "--run-dir", str(run_dir), "--learning-rate", "1e-3", "--no-anneal-lr"]) == 0
+    out = capsys.readouterr().out
+    assert "ppo-eqx: done, 1024 steps" in out
+    config = json.loads((run_dir / "config.json").read_text())
+    # The vector preset (num_envs 4, clip_coef 0.2) under the explicit flags.
+    assert (config["num_envs"], config["clip_coef"], config["learning_rate"], config["anneal_lr"]) == (
+        4,
+        0.2,
+        1e-3,
+        False,
+    )
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["global_step"] for row in rows] == [512, 1024]
+    required = {
+        "global_step",
+        "episodic_return",
+        "episodic_length",
+        "sps",
+        "learning_rate",
+        "policy_loss",
+        "value_loss",
+        "entropy",
+        "approx_kl",
+        "clip_fraction",
+        "time_elapsed",
+        "iteration",
+    }
+    assert all(required <= set(row) for row in rows)
+    assert rows[-1]["learning_rate"] == pytest.approx(1e-3)
+    assert json.loads((run_dir / "summary.json").read_text())["global_step"] == 1024
+    assert {"cpu_count", "jax_version"} <= set(json.loads((run_dir / "hardware.json").read_text()))
+    assert list(run_dir.glob("events.out.tfevents.*"))
+
+
+def test_the_console_script_exits_non_zero_without_a_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "ppo_eqx", "train", "--env-id", "Pong-v4x", "--run-dir", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "ppo-eqx: error: env_id='Pong-v4x' is not an EnvPool task; did you mean Pong-v5?"
+    ]

@@ -1,0 +1,60 @@
+import pytest
+
+from ppo_eqx import ConfigError, PPOConfig
+from ppo_eqx.config import preset_for
+
+
+def test_defaults_are_cleanrls():
+    config = PPOConfig()
+    cleanrl = {
+        "env_id": "Breakout-v5",
+        "total_timesteps": 10_000_000,
+        "learning_rate": 2.5e-4,
+        "num_envs": 8,
+        "num_steps": 128,
+        "anneal_lr": True,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "num_minibatches": 4,
+        "update_epochs": 4,
+        "norm_adv": True,
+        "clip_coef": 0.1,
+        "clip_vloss": False,
+        "ent_coef": 0.01,
+        "vf_coef": 0.5,
+        "max_grad_norm": 0.5,
+        "seed": 1,
+    }
+    assert {name: getattr(config, name) for name in cleanrl} == cleanrl
+    assert (config.batch_size, config.minibatch_size, config.num_iterations) == (1024, 256, 9765)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"num_minibatches": 3}, "num_minibatches=3 does not divide"),
+        ({"num_envs": 0}, "num_envs=0 must be a positive integer"),
+        ({"update_epochs": -1}, "update_epochs=-1"),
+        ({"total_timesteps": 1000}, "total_timesteps=1000 is smaller than one batch"),
+        ({"gamma": 1.5}, r"gamma=1.5 must be in \[0, 1\]"),
+        ({"learning_rate": 0.0}, "learning_rate=0.0 must be > 0"),
+        ({"conv_impl": "fft"}, "conv_impl='fft'"),
+        ({"env_id": ""}, "env_id=''"),
+    ],
+)
+def test_impossible_configs_are_rejected_with_the_value(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        PPOConfig(**changes).validate()
+
+
+def test_round_trip_through_a_dict():
+    config = PPOConfig(env_id="Pong-v5", seed=7)
+    assert PPOConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ConfigError, match="unknown config field"):
+        PPOConfig.from_dict({"env_id": "Pong-v5", "lr": 1.0})
+
+
+def test_vector_tasks_get_cleanrls_ppo_py_preset():
+    assert preset_for(is_atari=True) == {}
+    config = PPOConfig(**preset_for(is_atari=False))
+    assert (config.total_timesteps, config.num_envs, config.clip_coef) == (500_000, 4, 0.2)

@@ -1,0 +1,106 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ppo_eqx import compute_gae
+
+from .strategies import TIME_ENV_SHAPES, bool_arrays, float_arrays, unit_interval
+
+gae = jax.jit(compute_gae)
+
+
+def reference_gae(rewards, values, dones, last_value, gamma, gae_lambda):
+    """The textbook backward loop, one env and one step at a time, in float64."""
+    steps, envs = rewards.shape
+    advantages = np.zeros((steps, envs))
+    for n in range(envs):
+        next_advantage, next_value = 0.0, float(last_value[n])
+        for t in reversed(range(steps)):
+            live = 0.0 if dones[t, n] else 1.0
+            delta = rewards[t, n] + gamma * next_value * live - values[t, n]
+            next_advantage = delta + gamma * gae_lambda * live * next_advantage
+            next_value = values[t, n]
+            advantages[t, n] = next_advantage
+    return advantages, advantages + values
+
+
+@st.composite
+def gae_inputs(draw):
+    steps, envs = draw(st.sampled_from(TIME_ENV_SHAPES))
+    return (
+        draw(float_arrays((steps, envs))),
+        draw(float_arrays((steps, envs))),
+        draw(bool_arrays((steps, envs), draw(st.sampled_from([0.0, 0.1, 0.5])))),
+        draw(float_arrays((envs,))),
+    )
+
+
+@given(gae_inputs(), unit_interval, unit_interval)
+def test_matches_reference_loop(inputs, gamma, gae_lambda):
+    advantages, returns = gae(*map(jnp.asarray, inputs), gamma=gamma, gae_lambda=gae_lambda)
+    expected_advantages, expected_returns = reference_gae(*inputs, gamma, gae_lambda)
+    np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(returns, expected_returns, rtol=1e-4, atol=1e-3)
+
+
+@given(gae_inputs(), unit_interval)
+def test_lambda_zero_gives_td_error(inputs, gamma):
+    rewards, values, dones, last_value = inputs
+    advantages, _ = gae(*map(jnp.asarray, inputs), gamma=gamma, gae_lambda=0.0)
+    next_values = np.concatenate([values[1:], last_value[None]], axis=0)
+    td_error = rewards + gamma * next_values * (1.0 - dones) - values
+    np.testing.assert_allclose(advantages, td_error, rtol=1e-5, atol=1e-4)
+
+
+@given(gae_inputs())
+def test_undiscounted_without_dones_is_reward_to_go_plus_bootstrap(inputs):
+    rewards, values, _, last_value = inputs
+    dones = np.zeros_like(rewards, dtype=bool)
+    _, returns = gae(
+        jnp.asarray(rewards),
+        jnp.asarray(values),
+        jnp.asarray(dones),
+        jnp.asarray(last_value),
+        gamma=1.0,
+        gae_lambda=1.0,
+    )
+    reward_to_go = np.cumsum(rewards[::-1], axis=0)[::-1]
+    np.testing.assert_allclose(returns, reward_to_go + last_value, rtol=1e-4, atol=1e-3)
+
+
+@given(gae_inputs(), unit_interval, unit_interval, st.data())
+def test_a_done_cuts_propagation(inputs, gamma, gae_lambda, data):
+    rewards, values, dones, last_value = inputs
+    steps = rewards.shape[0]
+    cut = data.draw(st.integers(0, steps - 1))
+    dones = dones.copy()
+    dones[cut] = True
+    # Whatever happens after the done at step `cut` cannot change the estimates up to it.
+    later = np.random.default_rng(0).normal(size=rewards.shape).astype(np.float32) * 100
+    changed_rewards, changed_values = rewards.copy(), values.copy()
+    changed_rewards[cut + 1 :] += later[cut + 1 :]
+    changed_values[cut + 1 :] += later[cut + 1 :]
+    base, _ = gae(*map(jnp.asarray, (rewards, values, dones, last_value)), gamma=gamma, gae_lambda=gae_lambda)
+    changed, _ = gae(
+        *map(jnp.asarray, (changed_rewards, changed_values, dones, last_value + 1000.0)),
+        gamma=gamma,
+        gae_lambda=gae_lambda,
+    )
+    np.testing.assert_array_equal(np.asarray(base)[: cut + 1], np.asarray(changed)[: cut + 1])
+
+
+def test_hand_computed_case():
+    # Two steps, one env, gamma=0.5, lambda=0.5, no dones: delta1 = 1 + 0.5*4 - 2 = 1, A1 = 1;
+    # delta0 = 0 + 0.5*2 - 1 = 0, A0 = 0 + 0.25*1 = 0.25.
+    advantages, returns = compute_gae(
+        jnp.array([[0.0], [1.0]]),
+        jnp.array([[1.0], [2.0]]),
+        jnp.zeros((2, 1), bool),
+        jnp.array([4.0]),
+        gamma=0.5,
+        gae_lambda=0.5,
+    )
+    np.testing.assert_allclose(advantages[:, 0], [0.25, 1.0])
+    np.testing.assert_allclose(returns[:, 0], [1.25, 3.0])

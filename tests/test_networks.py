@@ -1,0 +1,121 @@
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ppo_eqx import ActorCritic, Batch, model_loss
+from ppo_eqx.networks import Conv, Dense
+
+ATARI_SHAPE = (4, 84, 84)
+
+
+def numpy_conv(x, weight, bias, stride):
+    """A direct VALID convolution, NHWC input and HWIO kernel, as nested loops over output positions."""
+    batch, height, width, _ = x.shape
+    size, _, _, cout = weight.shape
+    out_h, out_w = (height - size) // stride + 1, (width - size) // stride + 1
+    y = np.zeros((batch, out_h, out_w, cout))
+    for i in range(out_h):
+        for j in range(out_w):
+            window = x[:, i * stride : i * stride + size, j * stride : j * stride + size, :]
+            y[:, i, j, :] = np.tensordot(window, weight, axes=([1, 2, 3], [0, 1, 2]))
+    return y + bias
+
+
+@given(st.sampled_from([(8, 4, 84), (8, 4, 30), (4, 2, 20), (4, 2, 11), (3, 1, 9), (2, 2, 7)]), st.integers(0, 99))
+def test_conv_matmul_and_xla_match_numpy(layer, seed):
+    size, stride, width = layer
+    rng = np.random.default_rng(seed)
+    conv = Conv(3, 5, size, stride, 1.0, key=jax.random.PRNGKey(seed))
+    conv = eqx.tree_at(lambda c: c.bias, conv, jnp.asarray(rng.normal(size=5), jnp.float32))
+    x = rng.normal(size=(2, width, width, 3)).astype(np.float32)
+    expected = numpy_conv(x, np.asarray(conv.weight, np.float64), np.asarray(conv.bias, np.float64), stride)
+    for impl in ("matmul", "xla"):
+        np.testing.assert_allclose(conv(jnp.asarray(x), impl), expected, rtol=1e-4, atol=1e-4)
+
+
+def _batch(model: ActorCritic, obs_shape, num_actions: int, size: int, seed: int) -> Batch:
+    rng = np.random.default_rng(seed)
+    if len(obs_shape) == 3:
+        obs = jnp.asarray(rng.integers(0, 256, size=(size, *obs_shape), dtype=np.uint8))
+    else:
+        obs = jnp.asarray(rng.normal(size=(size, *obs_shape)), jnp.float32)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    return Batch(
+        obs,
+        jnp.asarray(rng.integers(0, num_actions, size), jnp.int32),
+        f32(rng.normal(size=size) - 1.5),
+        f32(rng.normal(size=size)),
+        f32(rng.normal(size=size)),
+        f32(rng.normal(size=size)),
+    )
+
+
+def test_matmul_and_xla_convolutions_give_the_same_losses_and_gradients():
+    model = ActorCritic(ATARI_SHAPE, 6, conv_impl="matmul", key=jax.random.PRNGKey(3))
+    reference = ActorCritic(ATARI_SHAPE, 6, conv_impl="xla", key=jax.random.PRNGKey(3))  # same parameters
+    batch = _batch(model, ATARI_SHAPE, 6, 32, 0)
+    loss = eqx.filter_jit(
+        eqx.filter_value_and_grad(lambda m, b: model_loss(m, b, clip_coef=0.1, vf_coef=0.5, ent_coef=0.01)[0])
+    )
+    value, grads = loss(model, batch)
+    ref_value, ref_grads = loss(reference, batch)
+    assert float(value) == pytest.approx(float(ref_value), rel=1e-5, abs=1e-6)
+    for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads), strict=True):
+        scale = float(jnp.abs(want).max()) + 1e-12
+        assert float(jnp.abs(got - want).max()) <= 1e-4 * scale
+
+
+@pytest.mark.parametrize(("obs_shape", "num_actions", "dtype"), [(ATARI_SHAPE, 4, jnp.uint8), ((4,), 2, jnp.float32)])
+def test_output_shapes_and_dtypes(obs_shape, num_actions, dtype):
+    model = ActorCritic(obs_shape, num_actions, key=jax.random.PRNGKey(0))
+    obs = jnp.zeros((3, *obs_shape), dtype)
+    logits, value = model(obs)
+    assert logits.shape == (3, num_actions) and logits.dtype == jnp.float32
+    assert value.shape == (3,) and value.dtype == jnp.float32
+    logprob, entropy, value = model.evaluate_actions(obs, jnp.zeros(3, jnp.int32))
+    assert logprob.shape == entropy.shape == value.shape == (3,)
+
+
+def test_cleanrl_initialisation():
+    model = ActorCritic(ATARI_SHAPE, 4, key=jax.random.PRNGKey(0))
+    assert model.torso is not None
+    # Orthogonal columns scaled by the gain (fan_in >= fan_out here), zero biases.
+    for layer, gain in [(model.torso.dense, np.sqrt(2)), (model.actor, 0.01), (model.critic, 1.0)]:
+        w = np.asarray(layer.weight, np.float64)
+        np.testing.assert_allclose(w.T @ w, gain**2 * np.eye(w.shape[1]), atol=1e-5 * max(gain**2, 1e-3))
+        assert not np.any(np.asarray(layer.bias))
+    first = np.asarray(model.torso.convs[0].weight, np.float64).reshape(-1, 32)
+    np.testing.assert_allclose(first.T @ first, 2.0 * np.eye(32), atol=1e-4)
+    assert model.torso.dense.weight.shape == (3136, 512)
+
+
+def test_frames_are_scaled_by_1_over_255():
+    model = ActorCritic(ATARI_SHAPE, 4, key=jax.random.PRNGKey(0))
+    frames = jnp.full((1, *ATARI_SHAPE), 255, jnp.uint8)
+    as_float = frames.astype(jnp.float32)
+    assert model.torso is not None
+    np.testing.assert_allclose(model.torso(frames, "xla"), model.torso(as_float, "xla"), rtol=1e-6)
+    zero = model.torso(jnp.zeros((1, *ATARI_SHAPE), jnp.uint8), "xla")
+    np.testing.assert_allclose(zero, 0.0)  # zero biases and ReLU: a black frame gives zero features
+
+
+def test_rejects_other_observation_ranks():
+    with pytest.raises(ValueError, match="neither"):
+        ActorCritic((2, 3), 2, key=jax.random.PRNGKey(0))
+
+
+def test_dense_is_an_affine_map():
+    layer = Dense(3, 2, 1.0, key=jax.random.PRNGKey(0))
+    x = jnp.array([[1.0, 2.0, 3.0]])
+    np.testing.assert_allclose(layer(x), np.asarray(x) @ np.asarray(layer.weight), rtol=1e-6)
+
+
+def test_shape_errors_are_caught_by_jaxtyping():
+    """The test run checks annotated shapes (pytest's --jaxtyping-packages): a mismatch must not pass."""
+    model = ActorCritic((4,), 2, key=jax.random.PRNGKey(0))
+    with pytest.raises(Exception, match="(?i)type-check|jaxtyping|beartype"):
+        model.evaluate_actions(jnp.zeros((3, 4)), jnp.zeros((5,), jnp.int32))

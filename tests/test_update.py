@@ -1,0 +1,118 @@
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from ppo_eqx import ActorCritic, Batch, PPOConfig, make_optimizer, model_loss, update
+from ppo_eqx.update import current_learning_rate, learning_rate_schedule, minibatch_indices
+
+COEFS = {"clip_coef": 0.1, "vf_coef": 0.5, "ent_coef": 0.01}
+
+
+def make_batch(size: int, seed: int = 0) -> Batch:
+    rng = np.random.default_rng(seed)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    return Batch(
+        f32(rng.normal(size=(size, 4))),
+        jnp.asarray(rng.integers(0, 2, size), jnp.int32),
+        f32(rng.normal(size=size) * 0.1 - 0.7),
+        f32(rng.normal(size=size)),
+        f32(rng.normal(size=size)),
+        f32(rng.normal(size=size)),
+    )
+
+
+def test_each_epoch_is_a_permutation_split_into_minibatches():
+    indices = np.asarray(minibatch_indices(24, num_minibatches=3, update_epochs=4, key=jax.random.PRNGKey(0)))
+    assert indices.shape == (12, 8)
+    for epoch in indices.reshape(4, 24):
+        np.testing.assert_array_equal(np.sort(epoch), np.arange(24))
+    assert not np.array_equal(indices[:3], indices[3:6])  # a fresh shuffle each epoch
+
+
+def test_learning_rate_anneals_linearly_per_iteration():
+    config = PPOConfig(total_timesteps=4096, num_envs=8, num_steps=128)  # 4 iterations of 16 steps
+    schedule = learning_rate_schedule(config)
+    for count, frac in [(0, 1.0), (15, 1.0), (16, 0.75), (47, 0.5), (48, 0.25)]:
+        assert float(schedule(count)) == pytest.approx(2.5e-4 * frac)
+    constant = learning_rate_schedule(config.replace(anneal_lr=False))
+    assert float(constant(40)) == pytest.approx(2.5e-4)
+
+
+def test_one_full_batch_step_equals_a_hand_written_adam_step():
+    config = PPOConfig(
+        env_id="CartPole-v1",
+        total_timesteps=640,
+        num_envs=4,
+        num_steps=16,
+        num_minibatches=1,
+        update_epochs=1,
+        max_grad_norm=1e6,
+        anneal_lr=False,
+    )
+    model = ActorCritic((4,), 2, key=jax.random.PRNGKey(0))
+    batch = make_batch(64)
+    optimizer = make_optimizer(config)
+    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    new_model, _, infos = update(
+        model,
+        opt_state,
+        batch,
+        optimizer=optimizer,
+        num_minibatches=1,
+        update_epochs=1,
+        **COEFS,
+        key=jax.random.PRNGKey(1),
+    )
+    # Reference: the loss on the whole (unshuffled) batch, Adam's first step is lr * g / (|g| + eps).
+    grads = eqx.filter_grad(lambda m: model_loss(m, batch, **COEFS)[0])(model)
+    expected = jax.tree.map(lambda p, g: p - 2.5e-4 * g / (jnp.abs(g) + 1e-5), eqx.filter(model, eqx.is_array), grads)
+    for got, want in zip(jax.tree.leaves(eqx.filter(new_model, eqx.is_array)), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    assert infos.loss.shape == (1,)
+    assert float(infos.loss[0]) == pytest.approx(float(model_loss(model, batch, **COEFS)[0]), rel=1e-4, abs=1e-6)
+
+
+def test_gradients_are_clipped_by_global_norm():
+    config = PPOConfig(max_grad_norm=0.5)
+    grads = {"a": jnp.full((3,), 10.0), "b": jnp.full((2, 2), -10.0)}
+    updates, _ = optax.clip_by_global_norm(config.max_grad_norm).update(grads, None)
+    norm = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(updates)))
+    assert norm == pytest.approx(0.5, rel=1e-5)
+    optimizer = make_optimizer(config)
+    state = optimizer.init(grads)
+    _, state = optimizer.update(grads, state, grads)
+    assert float(current_learning_rate(state)) == pytest.approx(2.5e-4)
+
+
+@pytest.mark.parametrize("unroll", [2, 16])
+def test_unrolled_scan_gives_the_same_update(unroll):
+    config = PPOConfig(num_minibatches=4, update_epochs=4)
+    model = ActorCritic((4,), 2, key=jax.random.PRNGKey(0))
+    batch = make_batch(64, seed=3)
+    optimizer = make_optimizer(config)
+    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    run = eqx.filter_jit(
+        lambda m, o, u: update(
+            m,
+            o,
+            batch,
+            optimizer=optimizer,
+            num_minibatches=4,
+            update_epochs=4,
+            **COEFS,
+            unroll=u,
+            key=jax.random.PRNGKey(2),
+        )
+    )
+    plain, _, plain_info = run(model, opt_state, 1)
+    unrolled, _, unrolled_info = run(model, opt_state, unroll)
+    for a, b in zip(
+        jax.tree.leaves(eqx.filter(plain, eqx.is_array)),
+        jax.tree.leaves(eqx.filter(unrolled, eqx.is_array)),
+        strict=True,
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(plain_info.loss, unrolled_info.loss, rtol=1e-5, atol=1e-6)
