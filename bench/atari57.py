@@ -1,0 +1,254 @@
+"""Run the Atari-57 benchmark: every game x seed as one `ppo-eqx train` run, resumable.
+
+    python bench/atari57.py --sweep-dir runs/atari57 --jobs 2
+    python bench/atari57.py --games Breakout-v5 Pong-v5 --seeds 1 --dry-run -- --no-tensorboard
+
+Each run goes to SWEEP_DIR/<env_id>__seed<k>/ and its output to SWEEP_DIR/<env_id>__seed<k>.log. Runs are
+ordered seed-major (every game's first seed before any second seed), as CleanRL's benchmark utility does, so
+that a partial sweep covers all games. Resuming: a run directory holding summary.json is finished and
+skipped; one without it was interrupted and is run again with --overwrite. Arguments after `--` go to every
+train command. --dry-run prints the command lines, one per line, for GNU parallel or a Slurm array.
+"""
+
+import argparse
+import dataclasses
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the package
+    sys.path.insert(0, str(REPO_ROOT))
+
+from ppo_eqx.atari_games import ATARI_57  # noqa: E402
+
+# Flags the runner sets itself; passing them after `--` would contradict the run directory's name.
+RUNNER_FLAGS = ("--env-id", "--seed", "--total-timesteps", "--run-dir")
+POLL_SECONDS = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """One game x seed. interrupted: its directory exists without summary.json, so it needs --overwrite."""
+
+    env_id: str
+    seed: int
+    run_dir: Path
+    interrupted: bool
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir.with_name(self.run_dir.name + ".log")
+
+    def train_args(self, total_timesteps: int, extra: Sequence[str]) -> list[str]:
+        """The arguments after the launcher: train --env-id ... [--overwrite] [extra...]."""
+        args = [
+            "train",
+            "--env-id",
+            self.env_id,
+            "--seed",
+            str(self.seed),
+            "--total-timesteps",
+            str(total_timesteps),
+            "--run-dir",
+            str(self.run_dir),
+        ]
+        if self.interrupted:
+            args.append("--overwrite")
+        return args + list(extra)
+
+
+def run_dir_name(env_id: str, seed: int) -> str:
+    return f"{env_id}__seed{seed}"
+
+
+def plan(games: Sequence[str], seeds: Sequence[int], sweep_dir: Path) -> tuple[list[PlannedRun], list[PlannedRun]]:
+    """(runs to do, finished runs to skip), seed-major. A run is finished when its summary.json exists."""
+    todo, finished = [], []
+    for seed in seeds:
+        for env_id in games:
+            run_dir = sweep_dir / run_dir_name(env_id, seed)
+            if (run_dir / "summary.json").is_file():
+                finished.append(PlannedRun(env_id, seed, run_dir, interrupted=False))
+            else:
+                todo.append(PlannedRun(env_id, seed, run_dir, interrupted=run_dir.exists()))
+    return todo, finished
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The runner's own arguments, and those after the first `--` (for every train command)."""
+    argv = list(argv)
+    extra: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, extra = argv[:split], argv[split + 1 :]
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--games",
+        nargs="+",
+        default=list(ATARI_57),
+        metavar="ENV_ID",
+        help="EnvPool task ids (default: the 57 Atari games of ppo_eqx.atari_games.ATARI_57)",
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="(default: 1 2 3)")
+    parser.add_argument("--total-timesteps", type=int, default=10_000_000, help="steps per run (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs at once (default: %(default)s)")
+    parser.add_argument(
+        "--sweep-dir",
+        type=Path,
+        default=Path("runs/atari57"),
+        help="where run directories and logs go (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the command lines of the runs left to do, one per line, and run nothing",
+    )
+    parser.add_argument(
+        "--launcher",
+        default=None,
+        help="command that the train arguments follow (default: `ppo-eqx` in --dry-run output, "
+        "`PYTHON -m ppo_eqx` with this interpreter when running)",
+    )
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs} must be at least 1")
+    if args.total_timesteps < 1:
+        parser.error(f"--total-timesteps {args.total_timesteps} must be positive")
+    clashes = [arg for arg in extra if arg.split("=", 1)[0] in RUNNER_FLAGS]
+    if clashes:
+        parser.error(f"{', '.join(clashes)} after `--`: the runner sets {', '.join(RUNNER_FLAGS)} itself")
+    return args, extra
+
+
+class _StopRequest:
+    """SIGINT or SIGTERM: remember it; the launch loop stops starting runs and passes it on."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum
+
+
+def _child_env(jobs: int) -> dict[str, str]:
+    """The runs import this checkout's ppo_eqx, as the runner does; with several runs on one GPU, each JAX
+    process preallocates its share of the memory instead of JAX's default 75% (unless the caller chose)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    if jobs > 1 and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in env and "XLA_PYTHON_CLIENT_PREALLOCATE" not in env:
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.9 / jobs:.3f}"
+    return env
+
+
+def launch(
+    todo: Sequence[PlannedRun], launcher: list[str], total_timesteps: int, extra: Sequence[str], jobs: int
+) -> tuple[list[PlannedRun], list[PlannedRun], list[PlannedRun]]:
+    """Run ``todo``, at most ``jobs`` at once; (finished, failed, not finished because interrupted).
+
+    A run has finished when its command exits 0 and left summary.json. On SIGINT or SIGTERM no new run
+    starts, the signal is passed to the running ones (the trainer stops after its iteration) and they are
+    waited for.
+    """
+    pending = list(todo)
+    running: dict[subprocess.Popen[bytes], tuple[PlannedRun, float]] = {}
+    finished: list[PlannedRun] = []
+    failed: list[PlannedRun] = []
+    stopped: list[PlannedRun] = []
+    env = _child_env(jobs)
+    total = len(todo)
+    stop = _StopRequest()
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def reap(process: subprocess.Popen[bytes], returncode: int) -> None:
+        run, start = running.pop(process)
+        minutes = (time.monotonic() - start) / 60.0
+        done = returncode == 0 and (run.run_dir / "summary.json").is_file()
+        interrupted = stop.signum is not None
+        (finished if done else stopped if interrupted else failed).append(run)
+        outcome = "finished" if done else f"{'interrupted' if interrupted else 'FAILED'} (exit {returncode})"
+        count = len(finished) + len(failed) + len(stopped)
+        print(
+            f"[{count}/{total}] {run.env_id} seed {run.seed}: {outcome} after {minutes:.1f} min; log {run.log_path}",
+            flush=True,
+        )
+
+    try:
+        while (pending or running) and stop.signum is None:
+            while pending and len(running) < jobs and stop.signum is None:
+                run = pending.pop(0)
+                command = launcher + run.train_args(total_timesteps, extra)
+                run.log_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(run.log_path, "w") as log:
+                    log.write(f"# {shlex.join(command)}\n")
+                    log.flush()
+                    try:
+                        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+                    except OSError as error:  # no such launcher: this run fails, the others may not
+                        log.write(f"cannot start: {error}\n")
+                        failed.append(run)
+                        print(f"{run.env_id} seed {run.seed}: FAILED to start: {error}", flush=True)
+                        continue
+                running[process] = (run, time.monotonic())
+                print(
+                    f"start {run.env_id} seed {run.seed}{' (--overwrite)' if run.interrupted else ''}: "
+                    f"{shlex.join(command)}",
+                    flush=True,
+                )
+            for process in list(running):
+                returncode = process.poll()
+                if returncode is not None:
+                    reap(process, returncode)
+            time.sleep(POLL_SECONDS)
+        if stop.signum is not None:
+            name = signal.Signals(stop.signum).name
+            print(f"{name}: starting no new run, waiting for {len(running)} running one(s) to stop", flush=True)
+            for process in running:
+                if process.poll() is None:
+                    process.send_signal(stop.signum)  # the trainer stops after the iteration under way
+            for process in list(running):
+                reap(process, process.wait())
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return finished, failed, stopped + pending
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, extra = parse_args(sys.argv[1:] if argv is None else argv)
+    unknown = [env_id for env_id in args.games if env_id not in ATARI_57]
+    if unknown:
+        print(f"note: not among the 57 Atari games: {', '.join(unknown)}", file=sys.stderr)
+    todo, skipped = plan(args.games, args.seeds, args.sweep_dir)
+    if args.dry_run:
+        launcher = shlex.split(args.launcher) if args.launcher else ["ppo-eqx"]
+        for run in todo:
+            print(shlex.join(launcher + run.train_args(args.total_timesteps, extra)))
+        interrupted = sum(run.interrupted for run in todo)
+        print(
+            f"# {len(todo)} to run ({interrupted} interrupted, with --overwrite), {len(skipped)} finished and skipped",
+            file=sys.stderr,
+        )
+        return 0
+    launcher = shlex.split(args.launcher) if args.launcher else [sys.executable, "-m", "ppo_eqx"]
+    args.sweep_dir.mkdir(parents=True, exist_ok=True)
+    for run in skipped:
+        print(f"skip {run.env_id} seed {run.seed}: finished ({run.run_dir / 'summary.json'} exists)")
+    finished, failed, not_finished = launch(todo, launcher, args.total_timesteps, extra, args.jobs)
+    print(
+        f"finished {len(finished)}, skipped {len(skipped)}, failed {len(failed)}"
+        + (f", interrupted or not started {len(not_finished)}" if not_finished else "")
+    )
+    for run in failed:
+        print(f"  failed: {run.env_id} seed {run.seed}, see {run.log_path}")
+    return 1 if failed or not_finished else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

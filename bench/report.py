@@ -1,0 +1,91 @@
+"""Atari benchmark report: ppo_eqx's runs beside CleanRL's published minutes and returns.
+
+    python bench/report.py runs/atari57 --out reports/atari57
+
+Reads every run directory (one holding config.json) at or under the given paths, and writes
+OUT/report.md, OUT/report.json and PNG/SVG plots. The computations live in ppo_eqx/report.py.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the package
+    sys.path.insert(0, str(REPO_ROOT))
+
+from ppo_eqx import report  # noqa: E402
+
+DEFAULT_ANCHORS = Path(__file__).resolve().parents[2] / "shared" / "anchors"
+ANCHORS_ENV = "PPO_EQX_ANCHORS"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        epilog="The conventions (final return, projection to 10M steps, HNS aggregates, intervals) are stated "
+        "in report.md itself and in the docstring of ppo_eqx/report.py.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("paths", nargs="+", type=Path, help="run directories or sweep directories holding them")
+    parser.add_argument("--out", type=Path, required=True, help="directory for report.md, report.json and plots")
+    parser.add_argument(
+        "--anchors",
+        type=Path,
+        default=None,
+        help=f"directory with {report.ANCHORS_CSV} and {report.HUMAN_RANDOM_CSV} "
+        f"(default: ${ANCHORS_ENV}, else {DEFAULT_ANCHORS})",
+    )
+    parser.add_argument(
+        "--include-unfinished",
+        action="store_true",
+        help="also report runs without summary.json (interrupted or still running), from what they logged",
+    )
+    parser.add_argument("--no-plots", action="store_true", help="tables only")
+    parser.add_argument(
+        "--target-steps",
+        type=int,
+        default=report.TARGET_STEPS,
+        help="steps the minutes are compared at (default: %(default)s, the anchors')",
+    )
+    parser.add_argument(
+        "--resamples", type=int, default=report.NUM_RESAMPLES, help="bootstrap resamples (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--bootstrap-seed",
+        type=int,
+        default=report.BOOTSTRAP_SEED,
+        help="RNG seed of the bootstrap (default: %(default)s)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    anchors_dir = args.anchors or Path(os.environ.get(ANCHORS_ENV) or DEFAULT_ANCHORS)
+    try:
+        result = report.write_report(
+            args.paths,
+            args.out,
+            anchors_dir,
+            include_unfinished=args.include_unfinished,
+            plots=not args.no_plots,
+            target_steps=args.target_steps,
+            num_resamples=args.resamples,
+            bootstrap_seed=args.bootstrap_seed,
+        )
+    except report.AnchorError as error:  # nothing sensible to compare against
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    games = len({run.env_id for run in result.runs})
+    print(
+        f"{len(result.runs)} run(s) over {games} game(s), {len(result.skipped)} skipped: wrote {args.out / 'report.md'}"
+    )
+    for item in result.skipped:
+        print(f"  skipped {item.path}: {item.reason}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

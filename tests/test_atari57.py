@@ -1,0 +1,280 @@
+"""The Atari-57 runner without training: --dry-run output, resuming, and launching a fake trainer."""
+
+import csv
+import importlib.util
+import json
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from ppo_eqx.atari_games import ATARI_57
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_ANCHORS = REPO_ROOT.parent / "shared" / "anchors"
+
+
+@pytest.fixture(scope="module")
+def runner() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_atari57", REPO_ROOT / "bench" / "atari57.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def dry_run(runner: ModuleType, capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
+    assert runner.main(["--dry-run", *argv]) == 0  # before any `--`, after which all goes to the trainer
+    return capsys.readouterr().out.splitlines()
+
+
+def test_atari_57_is_the_sorted_set_of_57_v5_games() -> None:
+    assert len(ATARI_57) == 57
+    assert len(set(ATARI_57)) == 57
+    assert list(ATARI_57) == sorted(ATARI_57)
+    assert all(env_id.endswith("-v5") for env_id in ATARI_57)
+    assert {"Pong-v5", "Breakout-v5", "MontezumaRevenge-v5", "Surround-v5", "Defender-v5"} <= set(ATARI_57)
+
+
+@pytest.mark.skipif(not SHARED_ANCHORS.is_dir(), reason="no shared/anchors beside this checkout")
+def test_atari_57_is_the_anchor_games() -> None:
+    for name in ("cleanrl_ppo_atari_envpool_xla_jax.csv", "atari_human_random_scores.csv"):
+        with open(SHARED_ANCHORS / name, newline="") as file:
+            assert [row["env_id"] for row in csv.DictReader(file)] == list(ATARI_57), name
+
+
+def test_dry_run_prints_every_command_seed_major(
+    runner: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep"
+    lines = dry_run(
+        runner,
+        capsys,
+        "--games",
+        "Pong-v5",
+        "Breakout-v5",
+        "--seeds",
+        "1",
+        "2",
+        "--total-timesteps",
+        "2048",
+        "--sweep-dir",
+        str(sweep),
+        "--",
+        "--num-envs",
+        "4",
+        "--no-tensorboard",
+    )
+    assert lines == [
+        f"ppo-eqx train --env-id Pong-v5 --seed 1 --total-timesteps 2048 --run-dir {sweep}/Pong-v5__seed1 "
+        "--num-envs 4 --no-tensorboard",
+        f"ppo-eqx train --env-id Breakout-v5 --seed 1 --total-timesteps 2048 --run-dir {sweep}/Breakout-v5__seed1 "
+        "--num-envs 4 --no-tensorboard",
+        f"ppo-eqx train --env-id Pong-v5 --seed 2 --total-timesteps 2048 --run-dir {sweep}/Pong-v5__seed2 "
+        "--num-envs 4 --no-tensorboard",
+        f"ppo-eqx train --env-id Breakout-v5 --seed 2 --total-timesteps 2048 --run-dir {sweep}/Breakout-v5__seed2 "
+        "--num-envs 4 --no-tensorboard",
+    ]
+    assert not sweep.exists()  # a dry run creates nothing
+
+
+def test_dry_run_defaults_are_57_games_times_seeds_1_2_3_at_10m_steps(
+    runner: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    lines = dry_run(runner, capsys, "--sweep-dir", str(tmp_path))
+    assert len(lines) == 171
+    assert (
+        lines[0]
+        == f"ppo-eqx train --env-id Alien-v5 --seed 1 --total-timesteps 10000000 --run-dir {tmp_path}/Alien-v5__seed1"
+    )
+    assert lines[57].startswith("ppo-eqx train --env-id Alien-v5 --seed 2 ")
+    assert lines[-1].startswith("ppo-eqx train --env-id Zaxxon-v5 --seed 3 ")
+
+
+def test_dry_run_skips_finished_runs_and_overwrites_interrupted_ones(
+    runner: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "Pong-v5__seed1").mkdir()
+    (tmp_path / "Pong-v5__seed1" / "summary.json").write_text("{}")  # finished
+    (tmp_path / "Breakout-v5__seed1").mkdir()
+    (tmp_path / "Breakout-v5__seed1" / "metrics.jsonl").write_text("{}\n")  # killed mid-run
+    (tmp_path / "Pong-v5__seed2").mkdir()  # killed before it wrote anything
+    (tmp_path / "Pong-v5__seed3.log").write_text("")  # only a log: the run directory does not exist
+    lines = dry_run(
+        runner,
+        capsys,
+        "--games",
+        "Pong-v5",
+        "Breakout-v5",
+        "--seeds",
+        "1",
+        "2",
+        "3",
+        "--total-timesteps",
+        "100",
+        "--sweep-dir",
+        str(tmp_path),
+    )
+    assert lines == [
+        f"ppo-eqx train --env-id Breakout-v5 --seed 1 --total-timesteps 100 --run-dir {tmp_path}/Breakout-v5__seed1 "
+        "--overwrite",
+        f"ppo-eqx train --env-id Pong-v5 --seed 2 --total-timesteps 100 --run-dir {tmp_path}/Pong-v5__seed2 "
+        "--overwrite",
+        f"ppo-eqx train --env-id Breakout-v5 --seed 2 --total-timesteps 100 --run-dir {tmp_path}/Breakout-v5__seed2",
+        f"ppo-eqx train --env-id Pong-v5 --seed 3 --total-timesteps 100 --run-dir {tmp_path}/Pong-v5__seed3",
+        f"ppo-eqx train --env-id Breakout-v5 --seed 3 --total-timesteps 100 --run-dir {tmp_path}/Breakout-v5__seed3",
+    ]
+
+
+def test_dry_run_quotes_paths_for_the_shell(
+    runner: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    sweep = tmp_path / "my sweep"
+    (line,) = dry_run(
+        runner,
+        capsys,
+        "--games",
+        "Pong-v5",
+        "--seeds",
+        "4",
+        "--sweep-dir",
+        str(sweep),
+        "--launcher",
+        "srun python -m ppo_eqx",
+    )
+    assert shlex.split(line) == [
+        "srun",
+        "python",
+        "-m",
+        "ppo_eqx",
+        "train",
+        "--env-id",
+        "Pong-v5",
+        "--seed",
+        "4",
+        "--total-timesteps",
+        "10000000",
+        "--run-dir",
+        f"{sweep}/Pong-v5__seed4",
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra", [["--seed", "3"], ["--run-dir=x"], ["--env-id", "Pong-v5"], ["--total-timesteps", "1"]]
+)
+def test_flags_the_runner_sets_are_refused_after_the_separator(runner: ModuleType, extra: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        runner.main(["--dry-run", "--", *extra])
+    assert exit_info.value.code == 2
+
+
+FAKE_TRAINER = textwrap.dedent(
+    """
+    import argparse, json, pathlib, sys
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command")
+    parser.add_argument("--env-id")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--total-timesteps", type=int)
+    parser.add_argument("--run-dir", type=pathlib.Path)
+    parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--marker")
+    args = parser.parse_args()
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    (args.run_dir / "argv.json").write_text(json.dumps(sys.argv[1:]))
+    print("fake training", args.env_id, args.seed, "marker", args.marker)
+    if args.env_id == "Fail-v5":
+        print("boom", file=sys.stderr)
+        sys.exit(3)
+    (args.run_dir / "summary.json").write_text(json.dumps({"global_step": args.total_timesteps}))
+    """
+)
+
+
+def test_launching_runs_logs_and_resumes(
+    runner: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    trainer = tmp_path / "fake_trainer.py"
+    trainer.write_text(FAKE_TRAINER)
+    sweep = tmp_path / "sweep"
+    (sweep / "Breakout-v5__seed1").mkdir(parents=True)  # interrupted before
+    argv = [
+        "--games",
+        "Pong-v5",
+        "Breakout-v5",
+        "Fail-v5",
+        "--seeds",
+        "1",
+        "--total-timesteps",
+        "64",
+        "--sweep-dir",
+        str(sweep),
+        "--jobs",
+        "2",
+        "--launcher",
+        f"{shlex.quote(sys.executable)} {trainer}",
+        "--",
+        "--marker",
+        "hello",
+    ]
+
+    assert runner.main(argv) == 1  # one run failed
+    captured = capsys.readouterr()
+    assert "finished 2, skipped 0, failed 1" in captured.out
+    assert f"failed: Fail-v5 seed 1, see {sweep}/Fail-v5__seed1.log" in captured.out
+    assert "not among the 57 Atari games: Fail-v5" in captured.err
+    pong_argv = json.loads((sweep / "Pong-v5__seed1" / "argv.json").read_text())
+    assert pong_argv == [
+        "train",
+        "--env-id",
+        "Pong-v5",
+        "--seed",
+        "1",
+        "--total-timesteps",
+        "64",
+        "--run-dir",
+        f"{sweep}/Pong-v5__seed1",
+        "--marker",
+        "hello",
+    ]
+    assert "--overwrite" in json.loads((sweep / "Breakout-v5__seed1" / "argv.json").read_text())
+    pong_log = (sweep / "Pong-v5__seed1.log").read_text()
+    assert pong_log.startswith("# ") and "fake training Pong-v5 1 marker hello" in pong_log
+    assert "boom" in (sweep / "Fail-v5__seed1.log").read_text()  # stderr goes to the log too
+
+    pong_summary_mtime = (sweep / "Pong-v5__seed1" / "summary.json").stat().st_mtime_ns
+    assert runner.main(argv) == 1  # again: the finished runs are skipped, the failed one is retried
+    captured = capsys.readouterr()
+    assert "finished 0, skipped 2, failed 1" in captured.out
+    assert "start Fail-v5 seed 1 (--overwrite)" in captured.out
+    assert "start Pong-v5" not in captured.out and "start Breakout-v5" not in captured.out
+    assert (sweep / "Pong-v5__seed1" / "summary.json").stat().st_mtime_ns == pong_summary_mtime
+
+
+def test_a_launcher_that_cannot_start_fails_the_runs(
+    runner: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["--games", "Pong-v5", "--seeds", "1", "2", "--sweep-dir", str(tmp_path), "--launcher", "/no/such/ppo-eqx"]
+    assert runner.main(argv) == 1
+    assert "finished 0, skipped 0, failed 2" in capsys.readouterr().out
+    assert "cannot start" in (tmp_path / "Pong-v5__seed2.log").read_text()
+
+
+def test_all_finished_exits_zero(runner: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "Pong-v5__seed1").mkdir()
+    (tmp_path / "Pong-v5__seed1" / "summary.json").write_text("{}")
+    assert runner.main(["--games", "Pong-v5", "--seeds", "1", "--sweep-dir", str(tmp_path), "--launcher", "false"]) == 0
+    assert "finished 0, skipped 1, failed 0" in capsys.readouterr().out
+
+
+def test_help_runs_as_a_script() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / "atari57.py"), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    for flag in ("--games", "--seeds", "--total-timesteps", "--jobs", "--sweep-dir", "--dry-run"):
+        assert flag in result.stdout
