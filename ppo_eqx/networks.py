@@ -4,9 +4,9 @@ Every layer takes a whole batch (leading axis ``B``); nothing here is vmapped. C
 computed two ways that give the same numbers (``conv_impl``):
 
 - ``"xla"``: ``lax.conv_general_dilated``.
-- ``"matmul"``: space-to-depth by the stride, then the stride-1 patches of the small remaining kernel,
-  then one matrix product. On CPU, XLA's convolution gradients run far below its matmul rate and slow down
-  another ten times inside ``lax.scan``; matrix products do neither.
+- ``"matmul"``: space-to-depth by the stride, then matrix products (see ``Conv``). On CPU, XLA's
+  convolution gradients run far below its matmul rate and slow down another ten times inside
+  ``lax.scan``; matrix products do neither. The frames are folded while still uint8.
 """
 
 import math
@@ -38,22 +38,39 @@ class Dense(eqx.Module):
         return x @ self.weight + self.bias
 
 
-def space_to_depth(x: Float[Array, "B H W C"], block: int) -> Float[Array, "B h w D"]:
+def space_to_depth(x: Shaped[Array, "B H W C"], block: int) -> Shaped[Array, "B h w D"]:
     """Fold each ``block x block`` tile into channels, ordered (row in tile, column in tile, channel)."""
     b, h, w, c = x.shape
     x = x.reshape(b, h // block, block, w // block, block, c).transpose(0, 1, 3, 2, 4, 5)
     return x.reshape(b, h // block, w // block, block * block * c)
 
 
+def frames_space_to_depth(frames: Shaped[Array, "B C H W"], block: int) -> Shaped[Array, "B h w D"]:
+    """``space_to_depth`` of NCHW frames straight from their stored layout (one transpose, any dtype)."""
+    b, c, h, w = frames.shape
+    x = frames.reshape(b, c, h // block, block, w // block, block).transpose(0, 2, 4, 3, 5, 1)
+    return x.reshape(b, h // block, w // block, block * block * c)
+
+
 def patches(x: Float[Array, "B H W C"], size: int) -> Float[Array, "B h w D"]:
     """Stride-1 ``size x size`` patches (no padding), ordered (kernel row, kernel column, channel)."""
-    _, h, w, _ = x.shape
+    b, h, w, c = x.shape
     out_h, out_w = h - size + 1, w - size + 1
-    return jnp.concatenate([x[:, i : i + out_h, j : j + out_w, :] for i in range(size) for j in range(size)], axis=-1)
+    # Stacking on a new axis then merging it with channels runs faster on CPU than concatenating channels.
+    stacked = jnp.stack([x[:, i : i + out_h, j : j + out_w, :] for i in range(size) for j in range(size)], axis=3)
+    return stacked.reshape(b, out_h, out_w, size * size * c)
 
 
 class Conv(eqx.Module):
-    """A VALID convolution in NHWC with an HWIO kernel (flax's layout), kernel size a multiple of stride."""
+    """A VALID convolution in NHWC with an HWIO kernel (flax's layout), kernel size a multiple of stride.
+
+    The "matmul" path folds the stride into channels (space-to-depth), which leaves a stride-1 convolution
+    with a ``k x k`` kernel, ``k = size / stride``. For a strided layer (k = 2 here) it multiplies every
+    input position by all k*k kernel slices in one matmul and adds the k*k shifted results ("shift-sum");
+    for a stride-1 layer (3 x 3) it multiplies the k*k-patch matrix by the kernel. Each is the faster of
+    the two on CPU for its layer: the shifted outputs cost k*k times the output, the patches k*k times the
+    input.
+    """
 
     weight: Float[Array, "kh kw cin cout"]
     bias: Float[Array, " cout"]
@@ -66,24 +83,42 @@ class Conv(eqx.Module):
         self.bias = jnp.zeros((cout,), jnp.float32)
         self.stride = stride
 
+    def output_size(self, size: int) -> int:
+        return (size - self.weight.shape[0]) // self.stride + 1
+
+    def input_extent(self, size: int) -> int:
+        """How many rows (or columns) of an input of ``size`` the VALID convolution reads."""
+        return self.output_size(size) * self.stride + self.weight.shape[0] - self.stride
+
     def __call__(self, x: Float[Array, "B H W C"], impl: ConvImpl) -> Float[Array, "B h w cout"]:
         if impl == "xla":
             y = jax.lax.conv_general_dilated(
                 x, self.weight, (self.stride, self.stride), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
             )
             return y + self.bias
+        _, h, w, _ = x.shape
+        x = x[:, : self.input_extent(h), : self.input_extent(w), :]
+        return self.on_space_to_depth(space_to_depth(x, self.stride))
+
+    def on_space_to_depth(self, x: Float[Array, "B h w D"]) -> Float[Array, "B oh ow cout"]:
+        """The convolution of an input already folded by ``space_to_depth(x, stride)`` (and cropped)."""
         s = self.stride
         size, _, cin, cout = self.weight.shape
         k = size // s
-        b, h, w, _ = x.shape
-        out_h, out_w = (h - size) // s + 1, (w - size) // s + 1
-        # Crop to the rows/columns the VALID convolution reads, so that space-to-depth tiles exactly.
-        x = space_to_depth(x[:, : (out_h + k - 1) * s, : (out_w + k - 1) * s, :], s)
-        # kernel (k*s, k*s, cin, cout) -> (ki, kj, bi, bj, cin, cout) to match patches(space_to_depth(x)).
-        kernel = self.weight.reshape(k, s, k, s, cin, cout).transpose(0, 2, 1, 3, 4, 5).reshape(-1, cout)
-        columns = patches(x, k)
-        y = columns.reshape(-1, columns.shape[-1]) @ kernel
-        return y.reshape(b, out_h, out_w, cout) + self.bias
+        b, h, w, depth = x.shape
+        out_h, out_w = h - k + 1, w - k + 1
+        # Kernel (k*s, k*s, cin, cout) viewed as (ki, bi, kj, bj, cin, cout).
+        kernel = self.weight.reshape(k, s, k, s, cin, cout)
+        if s > 1:
+            # shift-sum: z[..., ki, kj, :] = x @ kernel[ki, :, kj]; y[i, j] = sum of z[i+ki, j+kj, ki, kj].
+            kernel = kernel.transpose(1, 3, 4, 0, 2, 5).reshape(depth, k * k * cout)
+            z = (x.reshape(-1, depth) @ kernel).reshape(b, h, w, k, k, cout)
+            y = sum(z[:, i : i + out_h, j : j + out_w, i, j] for i in range(k) for j in range(k))
+        else:
+            kernel = kernel.transpose(0, 2, 1, 3, 4, 5).reshape(-1, cout)
+            columns = patches(x, k)
+            y = (columns.reshape(-1, columns.shape[-1]) @ kernel).reshape(b, out_h, out_w, cout)
+        return y + self.bias
 
 
 class NatureCNN(eqx.Module):
@@ -102,13 +137,20 @@ class NatureCNN(eqx.Module):
             Conv(64, 64, 3, 1, gain, key=k3),
         )
         for conv in self.convs:
-            size = conv.weight.shape[0]
-            height, width = (height - size) // conv.stride + 1, (width - size) // conv.stride + 1
+            height, width = conv.output_size(height), conv.output_size(width)
         self.dense = Dense(height * width * 64, 512, gain, key=k4)
 
     def __call__(self, obs: Shaped[Array, "B C H W"], impl: ConvImpl) -> Float[Array, "B 512"]:
-        x = jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0
-        for conv in self.convs:
+        first, *rest = self.convs
+        if impl == "xla":
+            x = jax.nn.relu(first(jnp.transpose(obs, (0, 2, 3, 1)).astype(jnp.float32) / 255.0, impl))
+        else:
+            # Fold the frames while they are still uint8 (a quarter of the bytes to move), then scale.
+            _, _, h, w = obs.shape
+            frames = obs[:, :, : first.input_extent(h), : first.input_extent(w)]
+            x = frames_space_to_depth(frames, first.stride).astype(jnp.float32) / 255.0
+            x = jax.nn.relu(first.on_space_to_depth(x))
+        for conv in rest:
             x = jax.nn.relu(conv(x, impl))
         # Flatten in (row, column, channel) order, as CleanRL's flax model does.
         return jax.nn.relu(self.dense(x.reshape(x.shape[0], -1)))

@@ -1,0 +1,201 @@
+"""Compile time and median run time of each jitted piece of a PPO iteration, beside this machine's ceilings.
+
+Pieces: env step (random actions, no model: the env-only ceiling), policy step, rollout of num_steps, GAE,
+one minibatch update, one full update (update_epochs x num_minibatches steps), one whole iteration. Each is
+reported in env steps/s and as a fraction of the compute limit of one PPO env step on this machine:
+
+    limit_sps = 1 / (flops_per_env_step / matmul_rate + 1 / env_only_sps)
+
+where flops_per_env_step (rollout forward + update_epochs x forward-and-backward per sample) is counted by
+XLA's cost analysis of the loop-free forward and minibatch-gradient programs, and the matmul rate and the
+env-only rate are measured in the same run.
+
+    python bench/microbench.py --env-id Breakout-v5 --json bench/results/microbench.json
+"""
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _common import (
+    compile_seconds,
+    device_memory_mib,
+    environment,
+    fraction,
+    matmul_rate,
+    peak_rss_mib,
+    timed,
+    write_results,
+    xla_flops,
+)
+
+from ppo_eqx import ActorCritic, Batch, PPOConfig, compute_gae, make_env, make_optimizer, model_loss
+from ppo_eqx.networks import categorical_logprob_entropy
+from ppo_eqx.rollout import RolloutCarry, init_episode_stats, rollout
+from ppo_eqx.train import init_train_state, make_iteration
+from ppo_eqx.update import update
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env-id", default="Breakout-v5")
+    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--num-steps", type=int, default=128)
+    parser.add_argument("--num-minibatches", type=int, default=4)
+    parser.add_argument("--update-epochs", type=int, default=4)
+    parser.add_argument("--conv-impl", choices=("matmul", "xla"), default="matmul")
+    parser.add_argument("--minibatch-unroll", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per piece (median reported)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    config = PPOConfig(
+        env_id=args.env_id,
+        num_envs=args.num_envs,
+        num_steps=args.num_steps,
+        num_minibatches=args.num_minibatches,
+        update_epochs=args.update_epochs,
+        conv_impl=args.conv_impl,
+        minibatch_unroll=args.minibatch_unroll,
+        total_timesteps=args.num_envs * args.num_steps * 100,
+    ).validate()
+    spec, handle, env_step, pool, first_obs = make_env(config)
+    optimizer = make_optimizer(config)
+    state = init_train_state(config, spec, handle, first_obs, optimizer)
+    model = state.model
+    n, t, r = config.num_envs, config.num_steps, args.repeats
+    rows = []
+
+    def add(piece: str, jitted, call_args: tuple, env_steps: int, repeats: int = r) -> None:
+        compiled, seconds = compile_seconds(jitted, *call_args)
+        jax.block_until_ready(compiled(*call_args))  # warm-up
+        median, _ = timed(lambda: compiled(*call_args), repeats)
+        rows.append(
+            {
+                "piece": piece,
+                "compile_s": seconds,
+                "median_s": median,
+                "env_steps": env_steps,
+                "env_steps_per_s": env_steps / median,
+            }
+        )
+        print(f"# {piece}: {median * 1e3:.2f} ms", flush=True)
+
+    # Ceilings: the machine's matmul rate, and the env alone (random actions, no model).
+    flop_rate = matmul_rate()
+    actions = jax.random.randint(jax.random.PRNGKey(0), (t, n), 0, spec.num_actions, jnp.int32)
+
+    @jax.jit
+    def env_only(handle, actions):
+        def step(handle, action):
+            handle, out = env_step(handle, action)
+            return handle, out.reward
+
+        return jax.lax.scan(step, handle, actions)
+
+    add("env step (x num_steps, no model)", env_only, (handle, actions), n * t)
+    env_sps = rows[-1]["env_steps_per_s"]
+
+    obs = jnp.asarray(first_obs)
+
+    @eqx.filter_jit
+    def policy_step(model, obs, key):
+        logits, value = model(obs)
+        action = jax.random.categorical(key, logits).astype(jnp.int32)
+        return action, categorical_logprob_entropy(logits, action)[0], value
+
+    add("policy step", policy_step, (model, obs, jax.random.PRNGKey(1)), n)
+
+    carry = RolloutCarry(handle, obs, init_episode_stats(n))
+    rollout_fn = eqx.filter_jit(lambda m, c, k: rollout(m, env_step, c, num_steps=t, key=k))
+    add("rollout", rollout_fn, (model, carry, jax.random.PRNGKey(2)), n * t)
+
+    rng = np.random.default_rng(0)
+    f32 = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
+    gae = jax.jit(lambda rw, v, d, lv: compute_gae(rw, v, d, lv, gamma=config.gamma, gae_lambda=config.gae_lambda))
+    add("GAE", gae, (f32(t, n), f32(t, n), jnp.asarray(rng.random((t, n)) < 0.01), f32(n)), n * t)
+
+    size = config.batch_size
+    frames = jnp.asarray(rng.integers(0, 256, size=(size, *spec.obs_shape)), jnp.dtype(spec.obs_dtype))
+    batch = Batch(
+        frames,
+        jnp.asarray(rng.integers(0, spec.num_actions, size), jnp.int32),
+        f32(size) * 0.1 - 1.4,
+        f32(size),
+        f32(size),
+        f32(size),
+    )
+    minibatch = jax.tree.map(lambda x: x[: config.minibatch_size], batch)
+    coefs = {"clip_coef": config.clip_coef, "vf_coef": config.vf_coef, "ent_coef": config.ent_coef}
+    opt_state = state.opt_state
+
+    @eqx.filter_jit
+    def minibatch_step(model, opt_state, minibatch):
+        grads = eqx.filter_grad(lambda m: model_loss(m, minibatch, **coefs)[0])(model)
+        updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), opt_state
+
+    updates_per_iteration = config.update_epochs * config.num_minibatches
+    add("minibatch update", minibatch_step, (model, opt_state, minibatch), size // updates_per_iteration)
+
+    full_update = eqx.filter_jit(
+        lambda m, o, b, k: update(
+            m,
+            o,
+            b,
+            optimizer=optimizer,
+            num_minibatches=config.num_minibatches,
+            update_epochs=config.update_epochs,
+            unroll=config.minibatch_unroll,
+            key=k,
+            **coefs,
+        )
+    )
+    add("full update", full_update, (model, opt_state, batch, jax.random.PRNGKey(3)), size, repeats=max(2, r // 2))
+
+    iteration = eqx.filter_jit(make_iteration(config, env_step, optimizer))
+    add("whole iteration", iteration, (state,), size, repeats=max(2, r // 2))
+
+    # FLOPs per env step, counted by XLA on loop-free programs of the model computed as plain convolutions
+    # (the model's FLOPs; the "matmul" formulation computes a few more, which must not raise the limit).
+    reference_model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl="xla", key=jax.random.PRNGKey(0))
+    params, static = eqx.partition(reference_model, eqx.is_array)
+    forward = jax.jit(lambda p, o: eqx.combine(p, static)(o)).lower(params, minibatch.obs).compile()
+    forward_flops = (xla_flops(forward) or 0.0) / config.minibatch_size
+    train_step = jax.jit(lambda p, o, b: minibatch_step(eqx.combine(p, static), o, b))
+    reference_opt_state = optimizer.init(params)
+    train_compiled = train_step.lower(params, reference_opt_state, minibatch).compile()
+    train_flops = (xla_flops(train_compiled) or 0.0) / config.minibatch_size
+    flops_per_env_step = forward_flops + config.update_epochs * train_flops
+    limit_sps = 1.0 / (flops_per_env_step / flop_rate + 1.0 / env_sps)
+    for row in rows:
+        row["fraction_of_limit"] = fraction(row["env_steps_per_s"], limit_sps)
+    iteration_sps = rows[-1]["env_steps_per_s"]
+    header = {
+        "config": {k: v for k, v in dataclasses.asdict(config).items() if k != "total_timesteps"},
+        "environment": environment(),
+        "matmul_gflops": flop_rate / 1e9,
+        "env_only_sps": env_sps,
+        "forward_mflop_per_frame": forward_flops / 1e6,
+        "train_mflop_per_sample": train_flops / 1e6,
+        "mflop_per_env_step": flops_per_env_step / 1e6,
+        "compute_limit_sps": limit_sps,
+        "iteration_sps": iteration_sps,
+        "iteration_fraction_of_limit": iteration_sps / limit_sps,
+        "iteration_gflops": iteration_sps * flops_per_env_step / 1e9,
+        "peak_rss_mib": peak_rss_mib(),
+        "device_peak_mib": device_memory_mib(),
+    }
+    del pool
+    write_results(rows, header, args.json)
+
+
+if __name__ == "__main__":
+    main()
