@@ -51,6 +51,73 @@ def matmul_rate(size: int = 2048, repeats: int = 10) -> float:
     return 2 * size**3 / seconds
 
 
+def env_only_program(env_step: Callable, num_actions: int, num_steps: int, num_envs: int) -> tuple[Any, Any]:
+    """A jitted ``lax.scan`` of ``num_steps`` env steps with random actions, and those actions."""
+    actions = jax.random.randint(jax.random.PRNGKey(0), (num_steps, num_envs), 0, num_actions, jnp.int32)
+
+    @jax.jit
+    def env_only(handle, actions):
+        def step(handle, action):
+            handle, out = env_step(handle, action)
+            return handle, out.reward
+
+        return jax.lax.scan(step, handle, actions)
+
+    return env_only, actions
+
+
+def env_only_sps(
+    env_step: Callable, handle: Any, num_actions: int, num_steps: int, num_envs: int, repeats: int
+) -> float:
+    """Env steps per second of EnvPool's XLA step alone: the ceiling of any rollout."""
+    program, actions = env_only_program(env_step, num_actions, num_steps, num_envs)
+    jax.block_until_ready(program(handle, actions))
+    seconds, _ = timed(lambda: program(handle, actions), repeats)
+    return num_steps * num_envs / seconds
+
+
+def model_flops(config: Any, spec: Any, optimizer: Any) -> dict[str, float]:
+    """FLOPs of one PPO env step, counted by XLA's cost analysis of loop-free programs.
+
+    The model is computed with plain convolutions here (``conv_impl="xla"``): these are the model's FLOPs,
+    whatever formulation the training uses (the "matmul" one computes a few more, which must not raise the
+    limit). One env step costs one forward pass in the rollout and ``update_epochs`` forward-and-backward
+    passes (with the optimizer step) per sample in the update.
+    """
+    import equinox as eqx
+
+    from ppo_eqx import ActorCritic, Batch, model_loss
+
+    model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl="xla", key=jax.random.PRNGKey(0))
+    params, static = eqx.partition(model, eqx.is_array)
+    size = config.minibatch_size
+    obs = jnp.zeros((size, *spec.obs_shape), jnp.dtype(spec.obs_dtype))
+    zeros = jnp.zeros((size,), jnp.float32)
+    batch = Batch(obs, jnp.zeros((size,), jnp.int32), zeros - 1.0, zeros, zeros + 1.0, zeros)
+    coefs = {"clip_coef": config.clip_coef, "vf_coef": config.vf_coef, "ent_coef": config.ent_coef}
+
+    def train_step(params, opt_state, batch):
+        grads = jax.grad(lambda p: model_loss(eqx.combine(p, static), batch, **coefs)[0])(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return eqx.apply_updates(params, updates), opt_state
+
+    forward = jax.jit(lambda p, o: eqx.combine(p, static)(o)).lower(params, obs).compile()
+    train = jax.jit(train_step).lower(params, optimizer.init(params), batch).compile()
+    forward_flops = (xla_flops(forward) or 0.0) / size
+    train_flops = (xla_flops(train) or 0.0) / size
+    return {
+        "forward_mflop_per_frame": forward_flops / 1e6,
+        "train_mflop_per_sample": train_flops / 1e6,
+        "mflop_per_env_step": (forward_flops + config.update_epochs * train_flops) / 1e6,
+    }
+
+
+def compute_limit_sps(ceilings: dict[str, float]) -> float:
+    """Env steps/s if every FLOP ran at the matmul rate and the env's own time were added serially."""
+    seconds = ceilings["mflop_per_env_step"] * 1e6 / (ceilings["matmul_gflops"] * 1e9)
+    return 1.0 / (seconds + 1.0 / ceilings["env_only_sps"])
+
+
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 

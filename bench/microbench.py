@@ -23,17 +23,18 @@ import jax.numpy as jnp
 import numpy as np
 from _common import (
     compile_seconds,
+    compute_limit_sps,
     device_memory_mib,
     environment,
     fraction,
     matmul_rate,
+    model_flops,
     peak_rss_mib,
     timed,
     write_results,
-    xla_flops,
 )
 
-from ppo_eqx import ActorCritic, Batch, PPOConfig, compute_gae, make_env, make_optimizer, model_loss
+from ppo_eqx import Batch, PPOConfig, compute_gae, make_env, make_optimizer, model_loss
 from ppo_eqx.networks import categorical_logprob_entropy
 from ppo_eqx.rollout import RolloutCarry, init_episode_stats, rollout
 from ppo_eqx.train import init_train_state, make_iteration
@@ -163,33 +164,20 @@ def main() -> None:
     iteration = eqx.filter_jit(make_iteration(config, env_step, optimizer))
     add("whole iteration", iteration, (state,), size, repeats=max(2, r // 2))
 
-    # FLOPs per env step, counted by XLA on loop-free programs of the model computed as plain convolutions
-    # (the model's FLOPs; the "matmul" formulation computes a few more, which must not raise the limit).
-    reference_model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl="xla", key=jax.random.PRNGKey(0))
-    params, static = eqx.partition(reference_model, eqx.is_array)
-    forward = jax.jit(lambda p, o: eqx.combine(p, static)(o)).lower(params, minibatch.obs).compile()
-    forward_flops = (xla_flops(forward) or 0.0) / config.minibatch_size
-    train_step = jax.jit(lambda p, o, b: minibatch_step(eqx.combine(p, static), o, b))
-    reference_opt_state = optimizer.init(params)
-    train_compiled = train_step.lower(params, reference_opt_state, minibatch).compile()
-    train_flops = (xla_flops(train_compiled) or 0.0) / config.minibatch_size
-    flops_per_env_step = forward_flops + config.update_epochs * train_flops
-    limit_sps = 1.0 / (flops_per_env_step / flop_rate + 1.0 / env_sps)
+    ceilings = model_flops(config, spec, optimizer)
+    ceilings.update(matmul_gflops=flop_rate / 1e9, env_only_sps=env_sps)
+    limit_sps = compute_limit_sps(ceilings)
     for row in rows:
         row["fraction_of_limit"] = fraction(row["env_steps_per_s"], limit_sps)
     iteration_sps = rows[-1]["env_steps_per_s"]
     header = {
         "config": {k: v for k, v in dataclasses.asdict(config).items() if k != "total_timesteps"},
         "environment": environment(),
-        "matmul_gflops": flop_rate / 1e9,
-        "env_only_sps": env_sps,
-        "forward_mflop_per_frame": forward_flops / 1e6,
-        "train_mflop_per_sample": train_flops / 1e6,
-        "mflop_per_env_step": flops_per_env_step / 1e6,
+        **ceilings,
         "compute_limit_sps": limit_sps,
         "iteration_sps": iteration_sps,
         "iteration_fraction_of_limit": iteration_sps / limit_sps,
-        "iteration_gflops": iteration_sps * flops_per_env_step / 1e9,
+        "iteration_gflops": iteration_sps * ceilings["mflop_per_env_step"] / 1e3,
         "peak_rss_mib": peak_rss_mib(),
         "device_peak_mib": device_memory_mib(),
     }

@@ -61,9 +61,13 @@ def model_loss(
     ent_coef: Float[ArrayLike, ""],
     norm_adv: bool = True,
     clip_vloss: bool = False,
+    prepared: bool = False,
 ) -> tuple[Float[Array, ""], LossInfo]:
-    """``ppo_loss`` of ``model`` on ``batch``; differentiate it with ``eqx.filter_value_and_grad``."""
-    new_logprob, entropy, new_value = model.evaluate_actions(batch.obs, batch.actions)
+    """``ppo_loss`` of ``model`` on ``batch``; differentiate it with ``eqx.filter_value_and_grad``.
+
+    ``prepared``: ``batch.obs`` already went through ``model.prepare``.
+    """
+    new_logprob, entropy, new_value = model.evaluate_actions(batch.obs, batch.actions, prepared=prepared)
     return ppo_loss(
         new_logprob,
         new_value,

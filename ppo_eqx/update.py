@@ -66,6 +66,8 @@ def update(
     Returns the new model and optimizer state, and the loss diagnostics of every step, shaped
     ``[update_epochs * num_minibatches]`` (epoch-major). The steps run in one ``lax.scan`` with ``unroll``.
     """
+    # Relayout the observations once for all epochs (a no-op for vector observations).
+    batch = batch._replace(obs=model.prepare(batch.obs))
     params, static = eqx.partition(model, eqx.is_array)
     indices = minibatch_indices(
         batch.actions.shape[0], num_minibatches=num_minibatches, update_epochs=update_epochs, key=key
@@ -80,6 +82,7 @@ def update(
             ent_coef=ent_coef,
             norm_adv=norm_adv,
             clip_vloss=clip_vloss,
+            prepared=True,
         )
 
     def step(carry: tuple[PyTree, PyTree], index: Int[Array, " mb"]) -> tuple[tuple[PyTree, PyTree], LossInfo]:

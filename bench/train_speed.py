@@ -1,0 +1,114 @@
+"""The real training loop's speed: ``ppo_eqx.train.run`` for a fixed number of iterations after warm-up.
+
+Reports env steps/s of the loop (median and overall over the timed iterations), the time per phase, the
+compile time of the first iteration and the peak memory, beside this machine's ceilings measured in the
+same run (see bench/microbench.py): the env-only rate, the float32 matmul rate and the compute limit
+
+    limit_sps = 1 / (flops_per_env_step / matmul_rate + 1 / env_only_sps)
+
+so the result is also given as a fraction of what this machine can do, and projected to a 10M-step run.
+
+    python bench/train_speed.py --env-id Breakout-v5 --iterations 10 --json bench/results/train_speed.json
+"""
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import jax
+from _common import (
+    compute_limit_sps,
+    device_memory_mib,
+    env_only_sps,
+    environment,
+    matmul_rate,
+    model_flops,
+    peak_rss_mib,
+    write_results,
+)
+
+from ppo_eqx import PPOConfig, Trainer, make_env
+from ppo_eqx.train import run
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env-id", default="Breakout-v5")
+    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--num-steps", type=int, default=128)
+    parser.add_argument("--conv-impl", choices=("matmul", "xla"), default="matmul")
+    parser.add_argument("--minibatch-unroll", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=2, help="iterations run before timing")
+    parser.add_argument("--iterations", type=int, default=10, help="timed iterations")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    total_iterations = args.warmup + args.iterations
+    # CleanRL's hyperparameters; total_timesteps only sets the learning-rate annealing horizon.
+    config = PPOConfig(
+        env_id=args.env_id,
+        num_envs=args.num_envs,
+        num_steps=args.num_steps,
+        conv_impl=args.conv_impl,
+        minibatch_unroll=args.minibatch_unroll,
+    ).validate()
+
+    start = time.perf_counter()
+    trainer = Trainer(config)
+    setup_s = time.perf_counter() - start
+    compile_s = trainer.compile()
+    rss_after_compile = peak_rss_mib()
+
+    records = []
+    for record in run(trainer, num_iterations=total_iterations):
+        records.append(record)
+        print(
+            f"# iteration {record['iteration']}: {record['sps']:.0f} steps/s, peak RSS {peak_rss_mib():.0f} MiB",
+            flush=True,
+        )
+    timed_records = records[args.warmup :]
+    step_times = [config.batch_size / r["sps"] for r in timed_records]
+    loop_sps = config.batch_size * len(step_times) / sum(step_times)
+
+    # Ceilings in the same process, after the loop, on envs made the same way.
+    spec, handle, env_step, pool, _ = make_env(config)
+    env_sps = env_only_sps(env_step, handle, spec.num_actions, config.num_steps, config.num_envs, repeats=5)
+    del pool
+    ceilings = model_flops(config, spec, trainer.optimizer)
+    ceilings.update(matmul_gflops=matmul_rate() / 1e9, env_only_sps=env_sps)
+    limit = compute_limit_sps(ceilings)
+
+    rows = [
+        {
+            "env_id": config.env_id,
+            "num_envs": config.num_envs,
+            "num_steps": config.num_steps,
+            "loop_sps": loop_sps,
+            "median_sps": statistics.median(r["sps"] for r in timed_records),
+            "env_only_sps": env_sps,
+            "limit_sps": limit,
+            "fraction_of_limit": loop_sps / limit,
+            "compile_s": compile_s,
+            "projected_10M_min": (1e7 / loop_sps + compile_s) / 60,
+            "peak_rss_mib": peak_rss_mib(),
+        }
+    ]
+    header = {
+        "environment": environment(),
+        **ceilings,
+        "setup_s": setup_s,
+        "rss_after_compile_mib": rss_after_compile,
+        "device_peak_mib": device_memory_mib(),
+        "iterations_timed": len(timed_records),
+        "backend": jax.default_backend(),
+        "final_loss": timed_records[-1]["loss"],
+    }
+    write_results(rows, header, args.json)
+
+
+if __name__ == "__main__":
+    main()
