@@ -63,13 +63,15 @@ def main() -> None:
     compile_s = trainer.compile()
     rss_after_compile = peak_rss_mib()
 
-    records = []
+    records, rss_by_iteration = [], []
     for record in run(trainer, num_iterations=total_iterations):
         records.append(record)
+        rss_by_iteration.append(peak_rss_mib())
         print(
             f"# iteration {record['iteration']}: {record['sps']:.0f} steps/s, peak RSS {peak_rss_mib():.0f} MiB",
             flush=True,
         )
+    trainer.close()
     timed_records = records[args.warmup :]
     step_times = [config.batch_size / r["sps"] for r in timed_records]
     loop_sps = config.batch_size * len(step_times) / sum(step_times)
@@ -102,6 +104,7 @@ def main() -> None:
         **ceilings,
         "setup_s": setup_s,
         "rss_after_compile_mib": rss_after_compile,
+        "rss_by_iteration_mib": rss_by_iteration,
         "device_peak_mib": device_memory_mib(),
         "iterations_timed": len(timed_records),
         "backend": jax.default_backend(),

@@ -1,19 +1,26 @@
-"""``ppo-eqx train``: CleanRL's flags in kebab case, a run directory, a progress bar, one-line errors."""
+"""``ppo-eqx train`` and ``ppo-eqx eval``: CleanRL's flags in kebab case, a run directory with checkpoints, a
+progress bar, one-line errors."""
 
 import argparse
 import dataclasses
+import importlib
+import json
 import math
+import shutil
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from .config import CONV_IMPLS, ConfigError, PPOConfig, preset_for
 
 CHOICES = {"conv_impl": CONV_IMPLS}
+CHECKPOINT_DIR = "checkpoints"  # checkpoint.CHECKPOINT_DIR, without importing jax for --help
+VIDEO_SUFFIXES = (".mp4", ".gif")  # evaluate.VIDEO_SUFFIXES
+VIDEO_PACKAGES = {".mp4": "PyAV: pip install av", ".gif": "Pillow: pip install pillow"}
 
 
 class UsageError(Exception):
@@ -32,9 +39,11 @@ def _flag(name: str) -> str:
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per PPOConfig field; defaults stay None so that presets and explicit values can be told apart."""
     defaults = PPOConfig()
+    names = [field.name for field in dataclasses.fields(PPOConfig)]
     for field in dataclasses.fields(PPOConfig):
         default = getattr(defaults, field.name)
-        help_text = f"(default: {default!r}; CleanRL's {field.name})"
+        whose = "CleanRL's" if names.index(field.name) <= names.index("seed") else "ppo_eqx's"
+        help_text = f"(default: {default!r}; {whose} {field.name})"
         if field.type is bool:
             parser.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif field.name in CHOICES:
@@ -59,8 +68,37 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-dir", type=Path, default=None, help="where the run is written (default: runs/ENV__SEED__TIME)"
     )
     train.add_argument("--overwrite", action="store_true", help="replace a run directory that already holds a run")
+    train.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest checkpoint, with its own config",
+    )
+    train.add_argument(
+        "--keep-checkpoints", type=int, default=3, metavar="N", help="newest checkpoints to keep (default: 3)"
+    )
     train.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard event files")
     train.add_argument("--no-progress", action="store_true", help="print one line per iteration, no progress bar")
+    train.add_argument("--track", action="store_true", help="log to Weights & Biases (needs `pip install wandb`)")
+    train.add_argument("--wandb-project-name", default="cleanRL", help="W&B project (default: cleanRL)")
+    train.add_argument("--wandb-entity", default=None, help="W&B entity (team or user)")
+
+    evaluate = commands.add_parser(
+        "eval",
+        help="play whole games with a trained agent",
+        description="Play episodes with a checkpoint's policy on envs of their own and report the game score "
+        "(raw, unclipped, summed over all lives until game over or truncation). Writes eval.json in the run "
+        "directory.",
+    )
+    evaluate.add_argument("path", type=Path, help="a run directory (its newest checkpoint) or a checkpoint file")
+    evaluate.add_argument("--episodes", type=int, default=10, help="episodes to play (default: 10)")
+    evaluate.add_argument("--greedy", action="store_true", help="take the most probable action, not a sample")
+    evaluate.add_argument("--seed", type=int, default=1, help="seed of the evaluation envs and actions (default: 1)")
+    evaluate.add_argument("--video", type=Path, default=None, help="write the first episode as .mp4 or .gif")
+    evaluate.add_argument(
+        "--output", type=Path, default=None, help="where to write the results (default: RUN_DIR/eval.json)"
+    )
     return parser
 
 
@@ -78,19 +116,11 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
     return PPOConfig(**values).validate()
 
 
-def _prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"--run-dir {run_dir} is a file, not a directory")
-    holds_run = run_dir.is_dir() and any((run_dir / name).exists() for name in ("config.json", "metrics.jsonl"))
-    if holds_run and not overwrite:
-        raise UsageError(f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it")
+RUN_FILES = ("config.json", "hardware.json", "metrics.jsonl", "summary.json", "eval.json", "wandb.json")
+
+
+def _check_writable(run_dir: Path) -> None:
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if holds_run:
-            for name in ("config.json", "hardware.json", "metrics.jsonl", "summary.json"):
-                (run_dir / name).unlink(missing_ok=True)
-            for events in run_dir.glob("events.out.tfevents.*"):
-                events.unlink()
         probe = run_dir / ".write-test"
         probe.write_text("")
         probe.unlink()
@@ -98,13 +128,39 @@ def _prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
         raise UsageError(f"--run-dir {run_dir} is not writable: {error.strerror}") from None
 
 
+def _prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"--run-dir {run_dir} is a file, not a directory")
+    holds_run = run_dir.is_dir() and any(
+        (run_dir / name).exists() for name in ("config.json", "metrics.jsonl", CHECKPOINT_DIR)
+    )
+    if holds_run and not overwrite:
+        raise UsageError(
+            f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it "
+            f"or --resume {run_dir} to continue it"
+        )
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--run-dir {run_dir} is not writable: {error.strerror}") from None
+    _check_writable(run_dir)
+    if holds_run:
+        for name in RUN_FILES:
+            (run_dir / name).unlink(missing_ok=True)
+        for events in run_dir.glob("events.out.tfevents.*"):
+            events.unlink()
+        shutil.rmtree(run_dir / CHECKPOINT_DIR, ignore_errors=True)
+
+
 class _StopRequest:
-    """Ctrl-C or SIGTERM asks the loop to stop after the iteration under way."""
+    """Ctrl-C or SIGTERM asks the loop to stop after the iteration under way; a second one stops at once."""
 
     def __init__(self) -> None:
         self.signal: str | None = None
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt
         self.signal = signal.Signals(signum).name
 
 
@@ -112,61 +168,183 @@ def _format_eta(seconds: float) -> str:
     return time.strftime("%H:%M:%S", time.gmtime(seconds)) if math.isfinite(seconds) else "?"
 
 
+class _Resume(NamedTuple):
+    config: PPOConfig
+    checkpoint: Any
+    path: Path
+    metadata: dict[str, Any]
+
+
+def _load_resume(args: argparse.Namespace) -> _Resume:
+    """Check everything about ``--resume RUN_DIR`` before anything in it is touched."""
+    from .checkpoint import check_same_run, load_checkpoint, read_metadata, resolve_checkpoint
+    from .envs import check_env_id, env_spec
+
+    run_dir: Path = args.resume
+    given = [_flag(field.name) for field in dataclasses.fields(PPOConfig) if getattr(args, field.name) is not None]
+    if given:
+        raise UsageError(
+            f"--resume continues the run with its own config ({run_dir / 'config.json'}); drop {', '.join(given)}"
+        )
+    if args.overwrite:
+        raise UsageError("--resume and --overwrite contradict each other; pick one")
+    if args.run_dir is not None and args.run_dir != run_dir:
+        raise UsageError("--resume RUN_DIR is the run directory; drop --run-dir")
+    if not run_dir.is_dir():
+        raise UsageError(f"--resume {run_dir}: no such run directory")
+    config_path = run_dir / "config.json"
+    try:
+        saved = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--resume {run_dir}: no run there ({config_path} is missing)") from None
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--resume {run_dir}: cannot read {config_path}: {error}") from None
+    if not isinstance(saved, dict):
+        raise UsageError(f"--resume {run_dir}: {config_path} is not a config")
+    try:
+        config = PPOConfig.from_dict(saved)
+        check_env_id(config.env_id)
+    except (ConfigError, TypeError) as error:
+        raise UsageError(f"--resume {run_dir}: {config_path}: {error}") from None
+    path = resolve_checkpoint(run_dir)
+    metadata = read_metadata(path)
+    check_same_run(path, metadata, config)
+    checkpoint = load_checkpoint(path, metadata, config, env_spec(config.env_id))
+    _check_writable(run_dir)
+    return _Resume(config, checkpoint, path, metadata)
+
+
+def _require(module: str, message: str) -> None:
+    """Import ``module`` now, or fail with ``message``: optional dependencies are checked before a run starts."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise UsageError(message) from None
+
+
+def _start_wandb(args: argparse.Namespace, run_dir: Path, config: PPOConfig) -> Any:
+    if not args.track:
+        return None
+    from .logging import start_wandb
+
+    return start_wandb(run_dir, config, project=args.wandb_project_name, entity=args.wandb_entity)
+
+
 def train_command(args: argparse.Namespace) -> int:
     import jax
     from tqdm import tqdm
 
+    from .checkpoint import save_checkpoint
     from .hardware import hardware_info
-    from .logging import RunWriter
-    from .train import Trainer, run
+    from .logging import RunWriter, truncate_metrics
+    from .train import NonFiniteError, Trainer, run
 
-    config = config_from_args(args)
-    run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
-    _prepare_run_dir(run_dir, args.overwrite)
+    if args.keep_checkpoints < 1:
+        raise UsageError(f"--keep-checkpoints {args.keep_checkpoints} must be at least 1")
+    if args.track:
+        _require("wandb", "--track needs Weights & Biases: pip install wandb")
+    resume = _load_resume(args) if args.resume is not None else None
+    if resume is not None:
+        config, run_dir = resume.config, args.resume
+        start_iteration = int(resume.checkpoint.iteration)
+        if start_iteration >= config.num_iterations:
+            print(f"ppo-eqx: {run_dir} finished at iteration {start_iteration}; nothing to resume", flush=True)
+            return 0
+        kept = truncate_metrics(run_dir / "metrics.jsonl", start_iteration)
+        (run_dir / "summary.json").unlink(missing_ok=True)
+        print(f"ppo-eqx: resuming {run_dir} from {resume.path.name} ({kept} rows of metrics kept)", flush=True)
+    else:
+        config = config_from_args(args)
+        run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
+        _prepare_run_dir(run_dir, args.overwrite)
+        start_iteration = 0
 
     print(
         f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps, "
         f"run directory {run_dir}, jax {jax.__version__} on {jax.default_backend()}",
         flush=True,
     )
-    writer = RunWriter(run_dir, config, hardware_info(), tensorboard=not args.no_tensorboard)
+    writer = RunWriter(
+        run_dir,
+        config,
+        hardware_info(),
+        tensorboard=not args.no_tensorboard,
+        resume_step=None if resume is None else start_iteration * config.batch_size,
+        wandb_run=_start_wandb(args, run_dir, config),
+    )
     stop = _StopRequest()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    trainer = None
+    last_checkpoint: Path | None = None if resume is None else resume.path
     try:
         start = time.perf_counter()
-        trainer = Trainer(config)
+        time_offset = 0.0 if resume is None else float(resume.metadata.get("time_elapsed", 0.0))
+        trainer = Trainer(config, restore=None if resume is None else resume.checkpoint)
         compile_seconds = trainer.compile()
         print(f"ppo-eqx: compiled one iteration in {compile_seconds:.1f} s", flush=True)
         bar = tqdm(
             total=config.num_iterations * config.batch_size,
+            initial=start_iteration * config.batch_size,
             unit="step",
             unit_scale=True,
             disable=args.no_progress,
             dynamic_ncols=True,
             mininterval=1.0,
         )
+
+        def save(iteration: int, reason: str, elapsed: float) -> Path:
+            assert trainer is not None
+            try:
+                return save_checkpoint(
+                    run_dir,
+                    trainer.checkpoint(),
+                    config,
+                    trainer.spec,
+                    keep=args.keep_checkpoints,
+                    extra={"reason": reason, "time_elapsed": elapsed},
+                )
+            except OSError as error:
+                kept = f"the previous checkpoint {last_checkpoint} is intact" if last_checkpoint else "none was kept"
+                raise RunError(
+                    f"could not write the checkpoint of iteration {iteration} in {run_dir}: "
+                    f"{error.strerror or error}; {kept}"
+                ) from None
+
         record: dict[str, Any] = {}
-        for record in run(trainer):
-            record["time_elapsed"] = time.perf_counter() - start
+        iterations = run(trainer)
+        while True:
+            try:
+                record = next(iterations)
+            except StopIteration:
+                break
+            except NonFiniteError as error:
+                error.record["time_elapsed"] = time.perf_counter() - start + time_offset
+                writer.write(error.record)
+                kept = f"the last good checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint was kept"
+                raise FloatingPointError(f"{error}; {kept}") from None
+            record["time_elapsed"] = time.perf_counter() - start + time_offset
             writer.write(record)
-            if not math.isfinite(record["loss"]):
-                raise FloatingPointError(f"the loss is {record['loss']} at iteration {record['iteration']}")
             bar.update(config.batch_size)
             bar.set_postfix(sps=f"{record['sps']:.0f}", ret=f"{record['episodic_return']:.1f}")
+            iteration = record["iteration"]
             if args.no_progress:
-                left = (config.num_iterations - record["iteration"]) * config.batch_size / record["sps"]
+                left = (config.num_iterations - iteration) * config.batch_size / record["sps"]
                 print(
                     f"step {record['global_step']} sps {record['sps']:.0f} episodic_return "
                     f"{record['episodic_return']:.2f} time left {_format_eta(left)}",
                     flush=True,
                 )
+            boundary = iteration % config.checkpoint_every == 0 or iteration == config.num_iterations
+            if boundary or stop.signal:
+                reason = "periodic" if boundary else stop.signal or "stop"
+                last_checkpoint = save(iteration, reason, record["time_elapsed"])
             if stop.signal:
                 break
         bar.close()
         if stop.signal:
             print(
-                f"ppo-eqx: stopped by {stop.signal} after iteration {record.get('iteration', 0)}; "
-                f"metrics so far are in {run_dir}",
+                f"ppo-eqx: stopped by {stop.signal} after iteration {record.get('iteration', start_iteration)}; "
+                f"checkpoint {last_checkpoint}; continue with: ppo-eqx train --resume {run_dir}",
                 file=sys.stderr,
             )
             return 130 if stop.signal == "SIGINT" else 143
@@ -177,23 +355,119 @@ def train_command(args: argparse.Namespace) -> int:
             flush=True,
         )
         return 0
+    except KeyboardInterrupt:
+        raise RunError(
+            f"interrupted twice, stopped at once; continue from {last_checkpoint} with: "
+            f"ppo-eqx train --resume {run_dir}"
+            if last_checkpoint
+            else "interrupted twice, stopped at once before the first checkpoint"
+        ) from None
     finally:
+        if trainer is not None:
+            trainer.close()
         writer.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
+def eval_command(args: argparse.Namespace) -> int:
+    import jax
+
+    from .checkpoint import config_of, load_checkpoint, read_metadata, resolve_checkpoint
+    from .envs import env_spec
+    from .evaluate import EVAL_STREAM, VideoWriter, evaluate, summarise
+    from .logging import write_json
+
+    if args.episodes < 1:
+        raise UsageError(f"--episodes {args.episodes} must be at least 1")
+    if args.video is not None:
+        suffix = args.video.suffix.lower()
+        if suffix not in VIDEO_SUFFIXES:
+            raise UsageError(f"--video {args.video}: the name must end in {' or '.join(VIDEO_SUFFIXES)}")
+        _require("av" if suffix == ".mp4" else "PIL", f"--video {args.video} needs {VIDEO_PACKAGES[suffix]}")
+    path = resolve_checkpoint(args.path)
+    metadata = read_metadata(path)
+    config = config_of(path, metadata)
+    spec = env_spec(config.env_id)
+    checkpoint = load_checkpoint(path, metadata, config, spec)
+    run_dir = path.parent.parent
+    output = args.output or run_dir / "eval.json"
+    print(
+        f"ppo-eqx: evaluating {path} ({config.env_id}, iteration {metadata['iteration']}) on {args.episodes} "
+        f"episodes, {'greedy' if args.greedy else 'sampled'} actions",
+        flush=True,
+    )
+    key = jax.random.fold_in(jax.random.PRNGKey(args.seed), EVAL_STREAM)
+    video_writer = None
+    if args.video is not None:
+        fps = 15 if spec.is_atari else 50  # Atari: 60 Hz frames, 4 per step; classic control: 50 Hz
+        try:
+            video_writer = VideoWriter(args.video, fps)
+        except OSError as error:
+            raise UsageError(f"--video {args.video}: {error.strerror or error}") from None
+    try:
+        evaluation = evaluate(
+            checkpoint.model,
+            config,
+            episodes=args.episodes,
+            greedy=args.greedy,
+            on_frame=None if video_writer is None else video_writer.append,
+            seed=args.seed,
+            key=key,
+        )
+    finally:
+        if video_writer is not None:
+            video_writer.close()
+    summary = summarise(evaluation)
+    result = {
+        "checkpoint": str(path),
+        "env_id": config.env_id,
+        "iteration": metadata["iteration"],
+        "global_step": metadata.get("global_step"),
+        "episodes": args.episodes,
+        "greedy": args.greedy,
+        "seed": args.seed,
+        **summary,
+        "returns": evaluation.returns,
+        "lengths": evaluation.lengths,
+        "video": None if args.video is None else str(args.video),
+    }
+    write_json(output, result)
+    print(
+        f"ppo-eqx: return {summary['mean_return']:.2f} +- {summary['std_return']:.2f} "
+        f"(min {summary['min_return']:.2f}, max {summary['max_return']:.2f}) over {args.episodes} episodes; "
+        f"written to {output}",
+        flush=True,
+    )
+    return 0
+
+
+class RunError(Exception):
+    """A run that cannot go on (a full disk, a second Ctrl-C); printed as one line, exit status 1."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from .checkpoint import CheckpointError
+
     try:
         args = build_parser().parse_args(argv)
         if args.command == "train":
             return train_command(args)
+        if args.command == "eval":
+            return eval_command(args)
         raise UsageError(f"unknown command {args.command!r}")
-    except (UsageError, ConfigError) as error:
+    except (UsageError, ConfigError, CheckpointError) as error:
         print(f"ppo-eqx: error: {error}", file=sys.stderr)
         return 2
     except FloatingPointError as error:
         print(f"ppo-eqx: error: {error}; stopping", file=sys.stderr)
+        return 1
+    except RunError as error:
+        print(f"ppo-eqx: error: {error}", file=sys.stderr)
+        return 1
+    except OSError as error:
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"ppo-eqx: error: {where}{error.strerror or error}", file=sys.stderr)
         return 1
 
 

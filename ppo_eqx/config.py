@@ -16,7 +16,9 @@ CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 class PPOConfig:
     """Hyperparameters of ``ppo_atari_envpool_xla_jax.py`` (CleanRL), same names and defaults.
 
-    The fields after ``seed`` are ppo_eqx's own: they change speed, not results.
+    The fields after ``seed`` are ppo_eqx's own. ``checkpoint_every`` is part of the trajectory: every
+    ``checkpoint_every`` iterations the envs are made afresh, seeded from (seed, iteration), so that a run
+    resumed from a checkpoint sees the same envs as an uninterrupted one. The others change speed, not results.
     """
 
     env_id: str = "Breakout-v5"
@@ -42,6 +44,8 @@ class PPOConfig:
     on CPU) or "xla" (lax.conv_general_dilated). Same numbers within float32 rounding."""
     minibatch_unroll: int = 1
     """``unroll`` of the ``lax.scan`` over minibatch steps; larger compiles slower."""
+    checkpoint_every: int = 50
+    """Iterations between checkpoints; the envs are re-seeded from (seed, iteration) at each one."""
 
     @property
     def batch_size(self) -> int:
@@ -78,6 +82,7 @@ class PPOConfig:
             "num_minibatches",
             "update_epochs",
             "minibatch_unroll",
+            "checkpoint_every",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -109,10 +114,13 @@ class PPOConfig:
 
 
 # CleanRL's ppo.py defaults for vector-observation tasks (CartPole-v1 and friends): only what differs.
+# And ppo_eqx's own checkpoint interval: CartPole's iterations take milliseconds, and each segment of envs
+# costs a compile, so its checkpoints come every 128k steps rather than Atari's 51k.
 VECTOR_PRESET: dict[str, Any] = {
     "total_timesteps": 500_000,
     "num_envs": 4,
     "clip_coef": 0.2,
+    "checkpoint_every": 250,
 }
 
 

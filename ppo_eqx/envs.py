@@ -58,12 +58,14 @@ def _quiet_gymnasium() -> Iterator[None]:
         yield
 
 
-def _make_pool(env_id: str, num_envs: int, seed: int, env_seed: list[int] | None) -> Any:
+def _make_pool(env_id: str, num_envs: int, seed: int, env_seed: list[int] | None, render: bool) -> Any:
     import envpool
 
     kwargs: dict[str, Any] = {"env_type": "gymnasium", "num_envs": num_envs, "seed": seed}
     if env_seed is not None:
         kwargs["env_seed"] = env_seed
+    if render:
+        kwargs["render_mode"] = "rgb_array"
     if is_atari(env_id):
         # CleanRL's make_env: a lost life ends the learning episode and rewards are clipped to their sign.
         kwargs.update(episodic_life=True, reward_clip=True)
@@ -71,14 +73,33 @@ def _make_pool(env_id: str, num_envs: int, seed: int, env_seed: list[int] | None
         return envpool.make(env_id, **kwargs)
 
 
-def make_env(config: PPOConfig, *, env_seed: list[int] | None = None) -> tuple[EnvSpec, Any, EnvStep, Any, np.ndarray]:
+def env_spec(env_id: str) -> EnvSpec:
+    """Observation shape and dtype and number of actions of ``env_id``, without making an env."""
+    import envpool
+
+    check_env_id(env_id)
+    with _quiet_gymnasium():
+        spec = envpool.make_spec(env_id)
+        space, observation_space = spec.action_space, spec.observation_space
+    if not hasattr(space, "n"):
+        raise ConfigError(f"env_id={env_id!r} has a continuous action space; ppo_eqx needs discrete actions")
+    shape, dtype = tuple(observation_space.shape), np.dtype(observation_space.dtype)
+    return EnvSpec(env_id, shape, dtype, int(space.n), is_atari(env_id))
+
+
+def make_env(
+    config: PPOConfig, *, env_seed: list[int] | None = None, render: bool = False
+) -> tuple[EnvSpec, Any, EnvStep, Any, np.ndarray]:
     """Make ``config.num_envs`` envs of ``config.env_id`` and reset them.
 
-    Returns ``(spec, handle, env_step, pool, first_obs)``; ``pool`` must stay alive while ``handle`` is used.
+    Returns ``(spec, handle, env_step, pool, first_obs)``; ``pool`` must stay alive while ``handle`` is used,
+    and a function traced with ``env_step`` steps this ``pool`` whatever handle it is given (EnvPool bakes the
+    pool's address into the XLA call): new envs need a new trace.
     ``env_seed`` gives every env its own seed (EnvPool's ``env_seed``), otherwise env i gets ``seed + i``.
+    ``render`` makes ``pool.render(env_ids=i)`` return env i's screen (``[1, H, W, 3]`` uint8).
     """
     check_env_id(config.env_id)
-    pool = _make_pool(config.env_id, config.num_envs, config.seed, env_seed)
+    pool = _make_pool(config.env_id, config.num_envs, config.seed, env_seed, render)
     atari = is_atari(config.env_id)
     with _quiet_gymnasium():
         space, observation_space = pool.action_space, pool.observation_space

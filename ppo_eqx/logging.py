@@ -1,8 +1,10 @@
-"""The run directory: config.json, hardware.json, metrics.jsonl, TensorBoard events, summary.json."""
+"""The run directory: config.json, hardware.json, metrics.jsonl, TensorBoard events, summary.json, and an
+optional Weights & Biases run."""
 
 import json
 import math
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -38,31 +40,77 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-class RunWriter:
-    """Appends one JSON line per iteration to ``metrics.jsonl`` (NaN written as null) and TensorBoard."""
+def truncate_metrics(path: Path, last_iteration: int) -> int:
+    """Keep the rows of ``metrics.jsonl`` up to ``last_iteration`` (and none that a kill cut short); atomic.
 
-    def __init__(self, run_dir: Path, config: PPOConfig, hardware: dict[str, Any], *, tensorboard: bool = True):
+    Returns the number of rows kept.
+    """
+    kept = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("iteration"), int) and row["iteration"] <= last_iteration:
+                kept.append(line + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(kept)
+
+
+class RunWriter:
+    """Appends one JSON line per iteration to ``metrics.jsonl`` (NaN written as null), to TensorBoard, and to
+    a Weights & Biases run when one is given (anything with ``log(dict, step=)`` and ``finish()``).
+
+    ``resume_step``: the global step of the checkpoint a resumed run starts from. TensorBoard then hides the
+    earlier event files' points after it (``purge_step``), as ``metrics.jsonl`` has been truncated there.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        config: PPOConfig,
+        hardware: dict[str, Any],
+        *,
+        tensorboard: bool = True,
+        resume_step: int | None = None,
+        wandb_run: Any = None,
+    ):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         write_json(run_dir / "config.json", config.to_dict())
-        write_json(run_dir / "hardware.json", hardware)
+        if resume_step is None or not (run_dir / "hardware.json").exists():
+            write_json(run_dir / "hardware.json", hardware)
         self._metrics = open(run_dir / "metrics.jsonl", "a")
         self._tensorboard = None
+        self._wandb = wandb_run
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tensorboard = SummaryWriter(str(run_dir))
-            table = "\n".join(f"|{key}|{value}|" for key, value in config.to_dict().items())
-            self._tensorboard.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+            purge_step = None if resume_step is None else resume_step + config.batch_size
+            self._tensorboard = SummaryWriter(str(run_dir), purge_step=purge_step)
+            if resume_step is None:
+                table = "\n".join(f"|{key}|{value}|" for key, value in config.to_dict().items())
+                self._tensorboard.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     def write(self, record: dict[str, Any]) -> None:
         self._metrics.write(json.dumps({k: _finite_or_none(v) for k, v in record.items()}, allow_nan=False) + "\n")
         self._metrics.flush()
+        scalars = {
+            tag: record[name]
+            for name, tag in TENSORBOARD_TAGS.items()
+            if isinstance(record.get(name), float | int) and math.isfinite(record[name])
+        }
         if self._tensorboard is not None:
-            for name, tag in TENSORBOARD_TAGS.items():
-                value = record.get(name)
-                if value is not None and math.isfinite(value):
-                    self._tensorboard.add_scalar(tag, value, record["global_step"])
+            for tag, value in scalars.items():
+                self._tensorboard.add_scalar(tag, value, record["global_step"])
+        if self._wandb is not None:
+            self._wandb.log({**scalars, "global_step": record["global_step"]}, step=record["global_step"])
 
     def finish(self, summary: dict[str, Any]) -> None:
         write_json(self.run_dir / "summary.json", {k: _finite_or_none(v) for k, v in summary.items()})
@@ -71,3 +119,26 @@ class RunWriter:
         self._metrics.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def start_wandb(run_dir: Path, config: PPOConfig, *, project: str, entity: str | None) -> Any:
+    """A Weights & Biases run for ``run_dir`` (CleanRL's ``--track``), resumed when the run directory is.
+
+    wandb is imported here, only when asked for; the run's id is kept in ``run_dir/wandb.json``.
+    """
+    import wandb
+
+    id_file = run_dir / "wandb.json"
+    run_id = json.loads(id_file.read_text())["id"] if id_file.exists() else uuid.uuid4().hex[:12]
+    write_json(id_file, {"id": run_id, "project": project, "entity": entity})
+    return wandb.init(
+        project=project,
+        entity=entity,
+        name=run_dir.name,
+        id=run_id,
+        resume="allow",
+        dir=str(run_dir),
+        config=config.to_dict(),
+    )

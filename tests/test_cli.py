@@ -39,11 +39,11 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
 def test_a_run_directory_holding_a_run_is_refused_and_kept(capsys, tmp_path):
     run_dir = tmp_path / "run"
     assert main([*TINY_CARTPOLE, "--run-dir", str(run_dir)]) == 0
-    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    before = {str(p): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     capsys.readouterr()
     assert main([*TINY_CARTPOLE, "--run-dir", str(run_dir), "--seed", "2"]) == 2
     assert "already holds a run; pass --overwrite" in error_line(capsys)
-    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+    assert {str(p): p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
     assert main([*TINY_CARTPOLE, "--run-dir", str(run_dir), "--seed", "2", "--overwrite"]) == 0
     assert json.loads((run_dir / "config.json").read_text())["seed"] == 2
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2

@@ -40,6 +40,7 @@ def test_defaults_are_cleanrls():
         ({"learning_rate": 0.0}, "learning_rate=0.0 must be > 0"),
         ({"conv_impl": "fft"}, "conv_impl='fft'"),
         ({"env_id": ""}, "env_id=''"),
+        ({"checkpoint_every": 0}, "checkpoint_every=0 must be a positive integer"),
     ],
 )
 def test_impossible_configs_are_rejected_with_the_value(changes, message):
@@ -58,3 +59,5 @@ def test_vector_tasks_get_cleanrls_ppo_py_preset():
     assert preset_for(is_atari=True) == {}
     config = PPOConfig(**preset_for(is_atari=False))
     assert (config.total_timesteps, config.num_envs, config.clip_coef) == (500_000, 4, 0.2)
+    # ppo_eqx's own: CartPole's iterations are short, so its envs are re-seeded (and recompiled) less often.
+    assert (PPOConfig().checkpoint_every, config.checkpoint_every) == (50, 250)

@@ -1,0 +1,175 @@
+import errno
+import json
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ppo_eqx.checkpoint as checkpoint_module
+from ppo_eqx import PPOConfig
+from ppo_eqx.checkpoint import (
+    CheckpointError,
+    check_same_run,
+    list_checkpoints,
+    load_checkpoint,
+    read_metadata,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from ppo_eqx.envs import env_spec
+from ppo_eqx.train import Checkpoint, init_checkpoint, segment_env_seeds
+
+CARTPOLE = PPOConfig(env_id="CartPole-v1", total_timesteps=8 * 512, num_envs=4, clip_coef=0.2, checkpoint_every=2)
+
+
+def leaves_equal(a, b) -> bool:
+    a, b = jax.tree.leaves(eqx.filter(a, eqx.is_array)), jax.tree.leaves(eqx.filter(b, eqx.is_array))
+    return len(a) == len(b) and all(
+        x.dtype == y.dtype and np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True)
+    )
+
+
+def at_iteration(checkpoint: Checkpoint, iteration: int, seed: int = 0) -> Checkpoint:
+    """A checkpoint whose every float differs from the fresh one: random parameters, Adam moments and stats."""
+    params, static = eqx.partition(checkpoint, eqx.is_inexact_array)
+    keys = iter(jax.random.split(jax.random.PRNGKey(seed), len(jax.tree.leaves(params))))
+    params = jax.tree.map(lambda x: jax.random.normal(next(keys), x.shape, x.dtype), params)
+    return eqx.tree_at(lambda c: c.iteration, eqx.combine(params, static), jnp.int32(iteration))
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return env_spec(CARTPOLE.env_id)
+
+
+@pytest.fixture
+def fresh(spec):
+    return init_checkpoint(CARTPOLE, spec)
+
+
+def test_save_then_load_gives_back_every_array_bit_for_bit(tmp_path, spec, fresh):
+    saved = at_iteration(fresh, 4)
+    path = save_checkpoint(tmp_path, saved, CARTPOLE, spec, keep=3, extra={"reason": "test"})
+    assert path == tmp_path / "checkpoints" / "iter_000004.json"
+    metadata = read_metadata(path)
+    assert (metadata["iteration"], metadata["global_step"], metadata["reason"]) == (4, 4 * 512, "test")
+    assert metadata["config"] == CARTPOLE.to_dict()
+    loaded = load_checkpoint(path, metadata, CARTPOLE, spec)
+    assert leaves_equal(loaded, saved)
+    assert not leaves_equal(loaded, fresh)  # the comparison can fail
+    assert int(loaded.iteration) == 4
+    # A run directory, the .json and the .eqx all name the same checkpoint.
+    assert resolve_checkpoint(tmp_path) == resolve_checkpoint(path.with_suffix(".eqx")) == path
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path, spec, fresh):
+    orphan = tmp_path / "checkpoints" / "iter_000003.eqx"  # arrays whose metadata a kill never let be written
+    orphan.parent.mkdir(parents=True)
+    orphan.write_bytes(b"half")
+    for iteration in (2, 4, 6, 8, 10):
+        save_checkpoint(tmp_path, at_iteration(fresh, iteration), CARTPOLE, spec, keep=3)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == [f"iter_{i:06d}.{ext}" for i in (6, 8, 10) for ext in ("eqx", "json")]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["iter_000006.json", "iter_000008.json", "iter_000010.json"]
+
+
+def test_a_full_disk_leaves_the_previous_checkpoint_intact(tmp_path, spec, fresh, monkeypatch):
+    previous = save_checkpoint(tmp_path, at_iteration(fresh, 2, seed=1), CARTPOLE, spec, keep=3)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()}
+    real_write = checkpoint_module._write_all
+
+    def write_half_then_fail(fd, data):
+        real_write(fd, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module, "_write_all", write_half_then_fail)
+    with pytest.raises(OSError) as raised:
+        save_checkpoint(tmp_path, at_iteration(fresh, 4, seed=2), CARTPOLE, spec, keep=3)
+    assert raised.value.errno == errno.ENOSPC
+    # Nothing new is left behind (no temporary file, no half checkpoint), the old one is byte for byte the same.
+    assert {p.name: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()} == before
+    loaded = load_checkpoint(previous, read_metadata(previous), CARTPOLE, spec)
+    assert leaves_equal(loaded, at_iteration(fresh, 2, seed=1))
+
+
+def test_non_finite_parameters_are_never_checkpointed(tmp_path, spec, fresh):
+    poisoned = eqx.tree_at(lambda c: c.model.actor.layers[0].bias, fresh, replace_fn=lambda b: b.at[3].set(jnp.inf))
+    with pytest.raises(FloatingPointError, match="non-finite parameters at iteration 0"):
+        save_checkpoint(tmp_path, poisoned, CARTPOLE, spec, keep=3)
+    assert list_checkpoints(tmp_path) == []
+
+
+def damage(path, how: str) -> None:
+    arrays = path.with_suffix(".eqx")
+    if how == "truncated":
+        arrays.write_bytes(arrays.read_bytes()[:-100])
+    elif how == "flipped byte":
+        data = bytearray(arrays.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        arrays.write_bytes(bytes(data))
+    elif how == "arrays missing":
+        arrays.unlink()
+    elif how == "metadata not json":
+        path.write_text('{"format_version": 1, "iter')
+    elif how == "metadata lacks fields":
+        path.write_text('{"format_version": 1}')
+    elif how == "future format":
+        path.write_text(json.dumps({**json.loads(path.read_text()), "format_version": 99}))
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("truncated", "is truncated or damaged"),
+        ("flipped byte", "is damaged: its SHA-256 differs"),
+        ("arrays missing", "is incomplete: iter_000002.eqx is missing"),
+        ("metadata not json", "is damaged: its metadata is not JSON"),
+        ("metadata lacks fields", "is damaged: its metadata lacks"),
+        ("future format", "has format version 99"),
+    ],
+)
+def test_damaged_checkpoints_are_refused_with_one_line(tmp_path, spec, fresh, how, message):
+    path = save_checkpoint(tmp_path, at_iteration(fresh, 2), CARTPOLE, spec, keep=3)
+    damage(path, how)
+    with pytest.raises(CheckpointError, match=message) as raised:
+        load_checkpoint(path, read_metadata(path), CARTPOLE, spec)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_checkpoint_of_another_architecture_or_run_is_refused(tmp_path, spec, fresh):
+    acrobot = PPOConfig(env_id="Acrobot-v1", total_timesteps=8 * 512, num_envs=4)
+    acrobot_spec = env_spec("Acrobot-v1")
+    path = save_checkpoint(tmp_path, init_checkpoint(acrobot, acrobot_spec), acrobot, acrobot_spec, keep=3)
+    metadata = read_metadata(path)
+    with pytest.raises(
+        CheckpointError, match=r"belongs to another run: env_id='Acrobot-v1' \(this run: 'CartPole-v1'\)"
+    ):
+        check_same_run(path, metadata, CARTPOLE)
+    with pytest.raises(
+        CheckpointError, match=r"is for observations \(6,\) and 3 actions; CartPole-v1 has \(4,\) and 2"
+    ):
+        load_checkpoint(path, metadata, CARTPOLE, spec)
+    # Metadata that lies about the shapes still cannot load arrays of the wrong shape into this model.
+    metadata = {**metadata, "obs_shape": [4], "num_actions": 2}
+    with pytest.raises(CheckpointError, match="does not fit this model .CartPole-v1.: .*changed shape"):
+        load_checkpoint(path, metadata, CARTPOLE, spec)
+
+
+def test_missing_checkpoints_are_named(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        resolve_checkpoint(tmp_path / "iter_000002.eqx")
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="holds no checkpoint"):
+        resolve_checkpoint(tmp_path)
+
+
+def test_segment_seeds_depend_on_seed_and_iteration_only():
+    assert segment_env_seeds(1, 0, 4) is None  # EnvPool's own seeding, as CleanRL: env i gets seed + i
+    seeds = segment_env_seeds(1, 50, 8)
+    assert seeds == segment_env_seeds(1, 50, 8)
+    assert seeds is not None and len(set(seeds)) == 8 and all(0 <= s < 2**31 for s in seeds)
+    assert seeds != segment_env_seeds(1, 100, 8) and seeds != segment_env_seeds(2, 50, 8)
+    # The first envs of a bigger pool are seeded as the smaller pool's: seeds are drawn per env in order.
+    assert segment_env_seeds(1, 50, 16)[:8] == seeds  # type: ignore[index]

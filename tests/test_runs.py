@@ -1,0 +1,285 @@
+"""`ppo-eqx train` runs that are stopped, killed, resumed, or given bad input (CartPole, in-process)."""
+
+import errno
+import importlib
+import json
+import os
+import shutil
+import signal
+import sys
+import types
+
+import pytest
+
+import ppo_eqx.checkpoint as checkpoint_module
+from ppo_eqx import PPOConfig
+from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
+from ppo_eqx.cli import main
+from ppo_eqx.envs import env_spec
+
+from .test_checkpoint import leaves_equal
+
+train_module = importlib.import_module("ppo_eqx.train")  # `ppo_eqx.train` the attribute is the function
+
+VOLATILE = {"sps", "time_elapsed"}
+# 4 iterations of 512 steps, checkpoints after iterations 2 and 4.
+TINY = ["--env-id", "CartPole-v1", "--total-timesteps", "2048", "--checkpoint-every", "2"]
+QUIET = ["--no-progress", "--no-tensorboard"]
+
+
+def train(run_dir, *extra: str) -> int:
+    return main(["train", *TINY, "--run-dir", str(run_dir), *QUIET, *extra])
+
+
+def resume(run_dir, *extra: str) -> int:
+    return main(["train", "--resume", str(run_dir), *QUIET, *extra])
+
+
+def metrics(run_dir) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
+
+
+def snapshot(run_dir) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("ppo-eqx: error: ")
+    return err[0]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """An uninterrupted tiny run: the reference that resumed runs must equal."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    assert train(run_dir) == 0
+    return run_dir
+
+
+def copy_run(source, tmp_path):
+    target = tmp_path / "run"
+    shutil.copytree(source, target)
+    return target
+
+
+def test_a_finished_run_has_its_checkpoints_and_nothing_to_resume(finished_run, tmp_path, capsys):
+    assert [p.name for p in list_checkpoints(finished_run)] == ["iter_000002.json", "iter_000004.json"]
+    assert [row["iteration"] for row in metrics(finished_run)] == [1, 2, 3, 4]
+    run_dir = copy_run(finished_run, tmp_path)
+    before = snapshot(run_dir)
+    capsys.readouterr()
+    assert resume(run_dir) == 0
+    assert "finished at iteration 4; nothing to resume" in capsys.readouterr().out
+    assert snapshot(run_dir) == before
+
+
+def break_run(run_dir, how: str) -> None:
+    checkpoints = run_dir / "checkpoints"
+    newest = checkpoints / "iter_000004.eqx"
+    if how == "no config":
+        (run_dir / "config.json").unlink()
+    elif how == "config not json":
+        (run_dir / "config.json").write_text("{ not json")
+    elif how == "impossible config":
+        config = json.loads((run_dir / "config.json").read_text())
+        (run_dir / "config.json").write_text(json.dumps({**config, "num_minibatches": 3}))
+    elif how == "no checkpoint":
+        shutil.rmtree(checkpoints)
+    elif how == "truncated":
+        newest.write_bytes(newest.read_bytes()[:1000])
+    elif how == "corrupted":
+        data = bytearray(newest.read_bytes())
+        data[-10] ^= 0x01
+        newest.write_bytes(bytes(data))
+    elif how == "arrays missing":
+        newest.unlink()
+    elif how == "another run's checkpoint":
+        config = json.loads((run_dir / "config.json").read_text())
+        (run_dir / "config.json").write_text(json.dumps({**config, "seed": 2}))
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("no config", "no run there (RUN/config.json is missing)"),
+        ("config not json", "cannot read RUN/config.json"),
+        ("impossible config", "num_minibatches=3 does not divide the batch"),
+        ("no checkpoint", "RUN holds no checkpoint"),
+        ("truncated", "checkpoint RUN/checkpoints/iter_000004.eqx is truncated or damaged: 1000 bytes"),
+        ("corrupted", "checkpoint RUN/checkpoints/iter_000004.eqx is damaged: its SHA-256 differs"),
+        ("arrays missing", "is incomplete: iter_000004.eqx is missing"),
+        ("another run's checkpoint", "belongs to another run: seed=1 (this run: 2)"),
+    ],
+)
+def test_a_bad_resume_is_one_line_and_touches_nothing(finished_run, tmp_path, capsys, how, message):
+    run_dir = copy_run(finished_run, tmp_path)
+    break_run(run_dir, how)
+    before = snapshot(run_dir)
+    capsys.readouterr()
+    assert resume(run_dir) == 2
+    assert message.replace("RUN", str(run_dir)) in error_line(capsys)
+    assert snapshot(run_dir) == before
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--seed", "2"], "--resume continues the run with its own config (RUN/config.json); drop --seed"),
+        (["--overwrite"], "--resume and --overwrite contradict each other"),
+        (["--keep-checkpoints", "0"], "--keep-checkpoints 0 must be at least 1"),
+    ],
+)
+def test_resume_flags_that_contradict_the_run_are_refused(finished_run, tmp_path, capsys, argv, message):
+    run_dir = copy_run(finished_run, tmp_path)
+    before = snapshot(run_dir)
+    capsys.readouterr()
+    assert resume(run_dir, *argv) == 2
+    assert message.replace("RUN", str(run_dir)) in error_line(capsys)
+    assert snapshot(run_dir) == before
+    assert resume(tmp_path / "nowhere") == 2
+    assert f"--resume {tmp_path / 'nowhere'}: no such run directory" in error_line(capsys)
+
+
+def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(finished_run, tmp_path, capsys, monkeypatch):
+    run_dir = tmp_path / "run"
+    real_write = checkpoint_module._write_all
+    calls = []
+
+    def disk_fills_at_the_second_checkpoint(fd, data):
+        calls.append(len(data))
+        if len(calls) == 3:  # the first checkpoint is two files; the third write is the second's arrays
+            real_write(fd, data[: len(data) // 3])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_write(fd, data)
+
+    monkeypatch.setattr(checkpoint_module, "_write_all", disk_fills_at_the_second_checkpoint)
+    capsys.readouterr()
+    assert train(run_dir) == 1
+    line = error_line(capsys)
+    assert "could not write the checkpoint of iteration 4" in line and "No space left on device" in line
+    assert f"the previous checkpoint {run_dir / 'checkpoints' / 'iter_000002.json'} is intact" in line
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["iter_000002.eqx", "iter_000002.json"]
+    monkeypatch.undo()
+    # The kept checkpoint is whole, and resuming from it gives the uninterrupted run.
+    path = run_dir / "checkpoints" / "iter_000002.json"
+    reference = finished_run / "checkpoints" / "iter_000002.json"
+    spec = env_spec("CartPole-v1")
+    config = PPOConfig.from_dict(read_metadata(path)["config"])
+    assert leaves_equal(
+        load_checkpoint(path, read_metadata(path), config, spec),
+        load_checkpoint(reference, read_metadata(reference), config, spec),
+    )
+    assert resume(run_dir) == 0
+    assert metrics(run_dir) == metrics(finished_run)
+    assert (run_dir / "checkpoints" / "iter_000004.eqx").read_bytes() == (
+        finished_run / "checkpoints" / "iter_000004.eqx"
+    ).read_bytes()
+
+
+def test_non_finite_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
+    real_make_iteration = train_module.make_iteration
+
+    def poisoned_at_iteration_3(config, env_step, optimizer):
+        iteration = real_make_iteration(config, env_step, optimizer)
+
+        def poisoned(state):
+            state, metrics = iteration(state)
+            bias = state.model.critic.layers[-1].bias
+            bias = train_module.jnp.where(state.iteration == 3, train_module.jnp.nan, bias)
+            return train_module.eqx.tree_at(lambda s: s.model.critic.layers[-1].bias, state, bias), metrics
+
+        return poisoned
+
+    monkeypatch.setattr(train_module, "make_iteration", poisoned_at_iteration_3)
+    run_dir = tmp_path / "run"
+    capsys.readouterr()
+    assert train(run_dir) == 1
+    last_good = run_dir / "checkpoints" / "iter_000002.json"
+    assert error_line(capsys) == (
+        f"ppo-eqx: error: the parameters are not finite after iteration 3; the last good checkpoint is "
+        f"{last_good}; stopping"
+    )
+    assert list_checkpoints(run_dir) == [last_good]
+    assert [row["iteration"] for row in metrics(run_dir)] == [1, 2, 3]
+    assert not (run_dir / "summary.json").exists()
+
+
+def test_sigint_checkpoints_and_says_how_to_resume(finished_run, tmp_path, capsys, monkeypatch):
+    real_step = train_module.Trainer.step
+
+    def interrupted_during_iteration_3(self):
+        if int(self.state.iteration) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_step(self)
+
+    monkeypatch.setattr(train_module.Trainer, "step", interrupted_during_iteration_3)
+    run_dir = tmp_path / "run"
+    capsys.readouterr()
+    assert train(run_dir) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == (
+        f"ppo-eqx: stopped by SIGINT after iteration 3; checkpoint {run_dir / 'checkpoints' / 'iter_000003.json'}; "
+        f"continue with: ppo-eqx train --resume {run_dir}"
+    )
+    assert read_metadata(run_dir / "checkpoints" / "iter_000003.json")["reason"] == "SIGINT"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers are given back
+    monkeypatch.undo()
+    # A stop between segment boundaries: the resumed envs are seeded from (seed, 3), so the run goes on
+    # deterministically but not as the uninterrupted one; the iterations before the stop are the same.
+    again = tmp_path / "again"
+    shutil.copytree(run_dir, again)
+    assert resume(run_dir) == 0 and resume(again) == 0
+    assert metrics(run_dir) == metrics(again)
+    assert metrics(run_dir)[:3] == metrics(finished_run)[:3]
+    assert [row["iteration"] for row in metrics(run_dir)] == [1, 2, 3, 4]
+
+
+class FakeWandb(types.ModuleType):
+    """Just enough of wandb: init() returns a run that records what it is given."""
+
+    def __init__(self):
+        super().__init__("wandb")
+        self.runs: list[types.SimpleNamespace] = []
+
+    def init(self, **kwargs):
+        run = types.SimpleNamespace(kwargs=kwargs, logged=[], finished=False)
+        run.log = lambda data, step: run.logged.append((step, data))
+        run.finish = lambda: setattr(run, "finished", True)
+        self.runs.append(run)
+        return run
+
+
+def test_track_logs_cleanrls_tags_to_wandb_only_when_asked(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not installed
+    capsys.readouterr()
+    assert train(tmp_path / "no-wandb", "--track") == 2
+    assert error_line(capsys) == "ppo-eqx: error: --track needs Weights & Biases: pip install wandb"
+    assert not (tmp_path / "no-wandb").exists()
+
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    argv = ["--total-timesteps", "1024", "--checkpoint-every", "50"]
+    assert main(["train", "--env-id", "CartPole-v1", *argv, "--run-dir", str(tmp_path / "run"), *QUIET]) == 0
+    assert fake.runs == []  # off unless --track
+    assert main(["train", "--env-id", "CartPole-v1", *argv, "--run-dir", str(tmp_path / "run2"), *QUIET,
+                 "--track", "--wandb-project-name", "p", "--wandb-entity", "e"]) == 0  # fmt: skip
+    (run,) = fake.runs
+    assert (run.kwargs["project"], run.kwargs["entity"], run.kwargs["config"]["env_id"]) == ("p", "e", "CartPole-v1")
+    assert [step for step, _ in run.logged] == [512, 1024]
+    rows = metrics(tmp_path / "run2")
+    assert [data["losses/value_loss"] for _, data in run.logged] == [row["value_loss"] for row in rows]
+    assert run.finished
+    assert json.loads((tmp_path / "run2" / "wandb.json").read_text())["id"] == run.kwargs["id"]
+
+
+def test_overwrite_replaces_checkpoints_too(finished_run, tmp_path, capsys):
+    run_dir = copy_run(finished_run, tmp_path)
+    capsys.readouterr()
+    assert train(run_dir, "--seed", "3") == 2
+    assert f"already holds a run; pass --overwrite to replace it or --resume {run_dir}" in error_line(capsys)
+    assert main(["train", "--env-id", "CartPole-v1", "--total-timesteps", "512", "--run-dir", str(run_dir),
+                 *QUIET, "--overwrite"]) == 0  # fmt: skip
+    assert [p.name for p in list_checkpoints(run_dir)] == ["iter_000001.json"]
