@@ -80,13 +80,13 @@ def evaluate(
     carry = RolloutCarry(jnp.asarray(handle), jnp.asarray(first_obs), init_episode_stats(num_envs))
     finished: list[list[tuple[float, int]]] = [[] for _ in range(num_envs)]
     recording = on_frame is not None
-    if recording:
+    if on_frame is not None:
         on_frame(pool.render(env_ids=0)[0])
     while any(len(done) < quota for done, quota in zip(finished, quotas, strict=True)):
         key, step_key = jax.random.split(key)
         carry, game_over, stats = act(model, carry, step_key)
         over = np.asarray(game_over)
-        if recording:
+        if recording and on_frame is not None:
             on_frame(pool.render(env_ids=0)[0])
             recording = not over[0]
         if over.any():

@@ -128,7 +128,7 @@ def start_wandb(run_dir: Path, config: PPOConfig, *, project: str, entity: str |
 
     wandb is imported here, only when asked for; the run's id is kept in ``run_dir/wandb.json``.
     """
-    import wandb
+    import wandb  # pyright: ignore[reportMissingImports]
 
     id_file = run_dir / "wandb.json"
     run_id = json.loads(id_file.read_text())["id"] if id_file.exists() else uuid.uuid4().hex[:12]

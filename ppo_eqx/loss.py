@@ -1,7 +1,7 @@
 """The PPO objective: ``ppo_loss`` on arrays, ``model_loss`` on a model and a batch."""
 
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Float
+from jaxtyping import Array, Float
 
 from ._types import Batch, LossInfo
 from .networks import ActorCritic
@@ -16,9 +16,9 @@ def ppo_loss(
     advantages: Float[Array, " B"],
     returns: Float[Array, " B"],
     *,
-    clip_coef: Float[ArrayLike, ""],
-    vf_coef: Float[ArrayLike, ""],
-    ent_coef: Float[ArrayLike, ""],
+    clip_coef: float | Float[Array, ""],
+    vf_coef: float | Float[Array, ""],
+    ent_coef: float | Float[Array, ""],
     norm_adv: bool = True,
     clip_vloss: bool = False,
 ) -> tuple[Float[Array, ""], LossInfo]:
@@ -56,9 +56,9 @@ def model_loss(
     model: ActorCritic,
     batch: Batch,
     *,
-    clip_coef: Float[ArrayLike, ""],
-    vf_coef: Float[ArrayLike, ""],
-    ent_coef: Float[ArrayLike, ""],
+    clip_coef: float | Float[Array, ""],
+    vf_coef: float | Float[Array, ""],
+    ent_coef: float | Float[Array, ""],
     norm_adv: bool = True,
     clip_vloss: bool = False,
     prepared: bool = False,

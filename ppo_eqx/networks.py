@@ -67,7 +67,8 @@ def shift_sum(z: Float[Array, "B h w k k C"]) -> Float[Array, "B oh ow C"]:
     shifted into place and added."""
     k = z.shape[3]
     out_h, out_w = z.shape[1] - k + 1, z.shape[2] - k + 1
-    return sum(z[:, a : a + out_h, b : b + out_w, a, b] for a in range(k) for b in range(k))
+    first, *rest = [z[:, a : a + out_h, b : b + out_w, a, b] for a in range(k) for b in range(k)]
+    return sum(rest, first)
 
 
 def _shift_sum_forward(z: Float[Array, "B h w k k C"]) -> tuple[Float[Array, "B oh ow C"], int]:

@@ -17,7 +17,7 @@ def learning_rate_schedule(config: PPOConfig) -> optax.Schedule:
     steps_per_iteration = config.num_minibatches * config.update_epochs
 
     def schedule(count: Int[ArrayLike, ""]) -> Float[ArrayLike, ""]:
-        frac = 1.0 - (count // steps_per_iteration) / config.num_iterations
+        frac = 1.0 - (jnp.asarray(count) // steps_per_iteration) / config.num_iterations
         return config.learning_rate * frac
 
     return schedule if config.anneal_lr else optax.constant_schedule(config.learning_rate)
@@ -53,9 +53,9 @@ def update(
     optimizer: optax.GradientTransformation,
     num_minibatches: int,
     update_epochs: int,
-    clip_coef: Float[ArrayLike, ""],
-    vf_coef: Float[ArrayLike, ""],
-    ent_coef: Float[ArrayLike, ""],
+    clip_coef: float | Float[Array, ""],
+    vf_coef: float | Float[Array, ""],
+    ent_coef: float | Float[Array, ""],
     norm_adv: bool = True,
     clip_vloss: bool = False,
     unroll: int = 1,

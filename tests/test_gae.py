@@ -1,3 +1,5 @@
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +10,7 @@ from ppo_eqx import compute_gae
 
 from .strategies import TIME_ENV_SHAPES, bool_arrays, float_arrays, unit_interval
 
-gae = jax.jit(compute_gae)
+gae: Any = jax.jit(compute_gae)  # jit's signature loses the keyword-only parameters
 
 
 def reference_gae(rewards, values, dones, last_value, gamma, gae_lambda):
@@ -39,8 +41,9 @@ def gae_inputs(draw):
 
 @given(gae_inputs(), unit_interval, unit_interval)
 def test_matches_reference_loop(inputs, gamma, gae_lambda):
-    advantages, returns = gae(*map(jnp.asarray, inputs), gamma=gamma, gae_lambda=gae_lambda)
-    expected_advantages, expected_returns = reference_gae(*inputs, gamma, gae_lambda)
+    rewards, values, dones, last_value = map(jnp.asarray, inputs)
+    advantages, returns = gae(rewards, values, dones, last_value, gamma=gamma, gae_lambda=gae_lambda)
+    expected_advantages, expected_returns = reference_gae(*inputs, gamma=gamma, gae_lambda=gae_lambda)
     np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(returns, expected_returns, rtol=1e-4, atol=1e-3)
 

@@ -1,4 +1,5 @@
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,7 @@ from ppo_eqx.networks import categorical_logprob_entropy
 from .strategies import BATCH_SIZES, float_arrays
 
 loss_fn = jax.jit(ppo_loss, static_argnames=("norm_adv", "clip_vloss"))
-COEFS = {"clip_coef": 0.1, "vf_coef": 0.5, "ent_coef": 0.01}
+COEFS: dict[str, Any] = {"clip_coef": 0.1, "vf_coef": 0.5, "ent_coef": 0.01}
 
 
 def reference_loss(

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from ppo_eqx import ActorCritic, RolloutCarry, init_episode_stats, rollout
+from ppo_eqx.networks import MLP
 
 from .fake_env import counting_env
 
@@ -52,6 +53,7 @@ def test_actions_follow_the_policy():
     """With a strongly peaked policy almost every sampled action is its mode."""
     handle, obs, env_step = counting_env(4)
     model = ActorCritic((4,), 3, key=jax.random.PRNGKey(0))
+    assert isinstance(model.actor, MLP)
     bias = model.actor.layers[-1].bias
     model = eqx.tree_at(lambda m: m.actor.layers[-1].bias, model, bias.at[2].set(50.0))
     _, transitions, _ = rollout(

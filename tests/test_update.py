@@ -1,3 +1,5 @@
+from typing import Any
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -8,7 +10,7 @@ import pytest
 from ppo_eqx import ActorCritic, Batch, PPOConfig, make_optimizer, model_loss, update
 from ppo_eqx.update import current_learning_rate, learning_rate_schedule, minibatch_indices
 
-COEFS = {"clip_coef": 0.1, "vf_coef": 0.5, "ent_coef": 0.01}
+COEFS: dict[str, Any] = {"clip_coef": 0.1, "vf_coef": 0.5, "ent_coef": 0.01}
 
 
 def make_batch(size: int, seed: int = 0) -> Batch:
@@ -36,9 +38,9 @@ def test_learning_rate_anneals_linearly_per_iteration():
     config = PPOConfig(total_timesteps=4096, num_envs=8, num_steps=128)  # 4 iterations of 16 steps
     schedule = learning_rate_schedule(config)
     for count, frac in [(0, 1.0), (15, 1.0), (16, 0.75), (47, 0.5), (48, 0.25)]:
-        assert float(schedule(count)) == pytest.approx(2.5e-4 * frac)
+        assert float(jnp.asarray(schedule(count))) == pytest.approx(2.5e-4 * frac)
     constant = learning_rate_schedule(config.replace(anneal_lr=False))
-    assert float(constant(40)) == pytest.approx(2.5e-4)
+    assert float(jnp.asarray(constant(40))) == pytest.approx(2.5e-4)
 
 
 def test_one_full_batch_step_equals_a_hand_written_adam_step():
@@ -78,7 +80,7 @@ def test_one_full_batch_step_equals_a_hand_written_adam_step():
 def test_gradients_are_clipped_by_global_norm():
     config = PPOConfig(max_grad_norm=0.5)
     grads = {"a": jnp.full((3,), 10.0), "b": jnp.full((2, 2), -10.0)}
-    updates, _ = optax.clip_by_global_norm(config.max_grad_norm).update(grads, None)
+    updates, _ = optax.clip_by_global_norm(config.max_grad_norm).update(grads, optax.EmptyState())
     norm = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(updates)))
     assert norm == pytest.approx(0.5, rel=1e-5)
     optimizer = make_optimizer(config)

@@ -14,6 +14,7 @@ from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.cli import main
 from ppo_eqx.config import PPOConfig
 from ppo_eqx.envs import env_spec
+from ppo_eqx.networks import Dense
 
 checkpoint_module = importlib.import_module("ppo_eqx.checkpoint")
 QUIET = ["--no-progress", "--no-tensorboard"]
@@ -62,6 +63,7 @@ def test_breakout_stopped_at_a_checkpoint_and_resumed_equals_the_uninterrupted_r
     first, last = (list_checkpoints(whole)[i] for i in (0, -1))
     first_model = load_checkpoint(first, read_metadata(first), config, spec).model
     last_model = load_checkpoint(last, read_metadata(last), config, spec).model
+    assert isinstance(first_model.actor, Dense) and isinstance(last_model.actor, Dense)
     assert (first_model.actor.weight != last_model.actor.weight).any()
 
 
