@@ -52,13 +52,13 @@ def frames_space_to_depth(frames: Shaped[Array, "B C H W"], block: int) -> Shape
     return x.reshape(b, h // block, w // block, block * block * c)
 
 
-def patches(x: Float[Array, "B H W C"], size: int) -> Float[Array, "B h w D"]:
-    """Stride-1 ``size x size`` patches (no padding), ordered (kernel row, kernel column, channel)."""
+def neighbour_columns(x: Float[Array, "B H W C"], size: int) -> Float[Array, "B H w D"]:
+    """Each position's ``size`` horizontal neighbours side by side: ``[B, H, W - size + 1, size * C]``,
+    ordered (kernel column, channel)."""
     b, h, w, c = x.shape
-    out_h, out_w = h - size + 1, w - size + 1
+    out_w = w - size + 1
     # Stacking on a new axis then merging it with channels runs faster on CPU than concatenating channels.
-    stacked = jnp.stack([x[:, i : i + out_h, j : j + out_w, :] for i in range(size) for j in range(size)], axis=3)
-    return stacked.reshape(b, out_h, out_w, size * size * c)
+    return jnp.stack([x[:, :, j : j + out_w, :] for j in range(size)], axis=3).reshape(b, h, out_w, size * c)
 
 
 @jax.custom_vjp
@@ -87,15 +87,38 @@ def _shift_sum_backward(k: int, dy: Float[Array, "B oh ow C"]) -> tuple[Float[Ar
 shift_sum.defvjp(_shift_sum_forward, _shift_sum_backward)
 
 
+@jax.custom_vjp
+def shift_rows(z: Float[Array, "B h w k C"]) -> Float[Array, "B oh w C"]:
+    """``y[:, i] = sum over a of z[:, i + a, :, a]``: the outputs of k kernel rows, shifted into place and added."""
+    k = z.shape[3]
+    out_h = z.shape[1] - k + 1
+    first, *rest = [z[:, a : a + out_h, :, a] for a in range(k)]
+    return sum(rest, first)
+
+
+def _shift_rows_forward(z: Float[Array, "B h w k C"]) -> tuple[Float[Array, "B oh w C"], int]:
+    return shift_rows(z), z.shape[3]
+
+
+def _shift_rows_backward(k: int, dy: Float[Array, "B oh w C"]) -> tuple[Float[Array, "B h w k C"]]:
+    # As in _shift_sum_backward: one stack of pads.
+    pads = [jnp.pad(dy, ((0, 0), (a, k - 1 - a), (0, 0), (0, 0))) for a in range(k)]
+    return (jnp.stack(pads, axis=3),)
+
+
+shift_rows.defvjp(_shift_rows_forward, _shift_rows_backward)
+
+
 class Conv(eqx.Module):
     """A VALID convolution in NHWC with an HWIO kernel (flax's layout), kernel size a multiple of stride.
 
     The "matmul" path folds the stride into channels (space-to-depth), which leaves a stride-1 convolution
-    with a ``k x k`` kernel, ``k = size / stride``. For a strided layer (k = 2 here) it multiplies every
-    input position by all k*k kernel slices in one matmul and adds the k*k shifted results ("shift-sum");
-    for a stride-1 layer (3 x 3) it multiplies the k*k-patch matrix by the kernel. Each is the faster of
-    the two on CPU for its layer: the shifted outputs cost k*k times the output, the patches k*k times the
-    input.
+    with a ``k x k`` kernel, ``k = size / stride``. A folded (strided) layer, k = 2 with many channels,
+    multiplies every input position by all k*k kernel slices in one matmul and adds the k*k shifted
+    outputs. A stride-1 layer (3 x 3 here) puts each position's k horizontal neighbours side by side (k
+    times the input, not the k*k of full patches), multiplies them by all k kernel rows, and adds the k
+    row-shifted outputs. Each was the fastest of the three (full patches too) for its layers on CPU
+    (bench/microbench.py; commit messages give the numbers).
     """
 
     weight: Float[Array, "kh kw cin cout"]
@@ -132,17 +155,20 @@ class Conv(eqx.Module):
         size, _, cin, cout = self.weight.shape
         k = size // s
         b, h, w, depth = x.shape
-        out_h, out_w = h - k + 1, w - k + 1
-        # Kernel (k*s, k*s, cin, cout) viewed as (ki, bi, kj, bj, cin, cout).
+        # The kernel (k*s, k*s, cin, cout) viewed as (ki, bi, kj, bj, cin, cout).
         kernel = self.weight.reshape(k, s, k, s, cin, cout)
         if s > 1:
-            # shift-sum: z[..., ki, kj, :] = x @ kernel[ki, :, kj]; y[i, j] = sum of z[i+ki, j+kj, ki, kj].
+            # Rows (bi, bj, cin) match space_to_depth(x), columns (ki, kj, cout): every kernel slice's output
+            # at every input position in one product, then shifted into place.
             kernel = kernel.transpose(1, 3, 4, 0, 2, 5).reshape(depth, k * k * cout)
             y = shift_sum((x.reshape(-1, depth) @ kernel).reshape(b, h, w, k, k, cout))
         else:
-            kernel = kernel.transpose(0, 2, 1, 3, 4, 5).reshape(-1, cout)
-            columns = patches(x, k)
-            y = (columns.reshape(-1, columns.shape[-1]) @ kernel).reshape(b, out_h, out_w, cout)
+            # Rows (kj, cin) match neighbour_columns(x), columns (ki, cout): every kernel row's output at
+            # every input row in one product, then shifted into place.
+            out_w = w - k + 1
+            kernel = kernel.transpose(2, 1, 3, 4, 0, 5).reshape(k * depth, k * cout)
+            columns = neighbour_columns(x, k).reshape(-1, k * depth)
+            y = shift_rows((columns @ kernel).reshape(b, h, out_w, k, cout))
         return y + self.bias
 
 
