@@ -117,6 +117,9 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
 
 
 RUN_FILES = ("config.json", "hardware.json", "metrics.jsonl", "summary.json", "eval.json", "wandb.json")
+SEEDS_CONFIG = "seeds.json"
+"""A --num-seeds run's directory holds its config under this name, not config.json: the agents' own run
+directories below it (seedK/) are the runs that readers of run directories (bench/report.py) should find."""
 
 
 def _check_writable(run_dir: Path) -> None:
@@ -132,7 +135,7 @@ def _prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"--run-dir {run_dir} is a file, not a directory")
     holds_run = run_dir.is_dir() and any(
-        (run_dir / name).exists() for name in ("config.json", "metrics.jsonl", CHECKPOINT_DIR)
+        (run_dir / name).exists() for name in ("config.json", SEEDS_CONFIG, "metrics.jsonl", CHECKPOINT_DIR)
     )
     if holds_run and not overwrite:
         raise UsageError(
@@ -145,7 +148,7 @@ def _prepare_run_dir(run_dir: Path, overwrite: bool) -> None:
         raise UsageError(f"--run-dir {run_dir} is not writable: {error.strerror}") from None
     _check_writable(run_dir)
     if holds_run:
-        for name in RUN_FILES:
+        for name in (*RUN_FILES, SEEDS_CONFIG):
             (run_dir / name).unlink(missing_ok=True)
         for events in run_dir.glob("events.out.tfevents.*"):
             events.unlink()
@@ -193,6 +196,8 @@ def _load_resume(args: argparse.Namespace) -> _Resume:
     if not run_dir.is_dir():
         raise UsageError(f"--resume {run_dir}: no such run directory")
     config_path = run_dir / "config.json"
+    if not config_path.exists() and (run_dir / SEEDS_CONFIG).exists():
+        config_path = run_dir / SEEDS_CONFIG
     try:
         saved = json.loads(config_path.read_text())
     except FileNotFoundError:
@@ -236,8 +241,8 @@ def train_command(args: argparse.Namespace) -> int:
 
     from .checkpoint import save_checkpoint
     from .hardware import hardware_info
-    from .logging import RunWriter, truncate_metrics
-    from .train import NonFiniteError, Trainer, run
+    from .logging import RunWriter, truncate_metrics, write_json
+    from .train import NonFiniteError, Trainer, run_seeds
 
     if args.keep_checkpoints < 1:
         raise UsageError(f"--keep-checkpoints {args.keep_checkpoints} must be at least 1")
@@ -245,33 +250,51 @@ def train_command(args: argparse.Namespace) -> int:
         _require("wandb", "--track needs Weights & Biases: pip install wandb")
     resume = _load_resume(args) if args.resume is not None else None
     if resume is not None:
-        config, run_dir = resume.config, args.resume
+        config = resume.config
+        run_dir: Path = args.resume
         start_iteration = int(resume.checkpoint.iteration)
         if start_iteration >= config.num_iterations:
             print(f"ppo-eqx: {run_dir} finished at iteration {start_iteration}; nothing to resume", flush=True)
             return 0
-        kept = truncate_metrics(run_dir / "metrics.jsonl", start_iteration)
-        (run_dir / "summary.json").unlink(missing_ok=True)
+        if args.track and config.num_seeds > 1:
+            raise UsageError(f"--track logs one run; {run_dir} trains {config.num_seeds} seeds")
+        agent_dirs = _agent_dirs(run_dir, config)
+        kept = 0
+        for agent_dir in agent_dirs:
+            kept = truncate_metrics(agent_dir / "metrics.jsonl", start_iteration)
+            (agent_dir / "summary.json").unlink(missing_ok=True)
         print(f"ppo-eqx: resuming {run_dir} from {resume.path.name} ({kept} rows of metrics kept)", flush=True)
     else:
         config = config_from_args(args)
+        if args.track and config.num_seeds > 1:
+            raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds}")
         run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
+        agent_dirs = _agent_dirs(run_dir, config)
         _prepare_run_dir(run_dir, args.overwrite)
+        if config.num_seeds > 1:
+            for agent_dir in agent_dirs:
+                _prepare_run_dir(agent_dir, args.overwrite)
+            write_json(run_dir / SEEDS_CONFIG, config.to_dict())
         start_iteration = 0
 
     print(
-        f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps, "
+        f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps"
+        f"{f' x {config.num_seeds} seeds' if config.num_seeds > 1 else ''}, "
         f"run directory {run_dir}, jax {jax.__version__} on {jax.default_backend()}",
         flush=True,
     )
-    writer = RunWriter(
-        run_dir,
-        config,
-        hardware_info(),
-        tensorboard=not args.no_tensorboard,
-        resume_step=None if resume is None else start_iteration * config.batch_size,
-        wandb_run=_start_wandb(args, run_dir, config),
-    )
+    hardware = hardware_info()
+    writers = [
+        RunWriter(
+            agent_dir,
+            agent,
+            hardware,
+            tensorboard=not args.no_tensorboard,
+            resume_step=None if resume is None else start_iteration * config.batch_size,
+            wandb_run=_start_wandb(args, run_dir, config) if config.num_seeds == 1 else None,
+        )
+        for agent_dir, agent in zip(agent_dirs, config.agent_configs(), strict=True)
+    ]
     stop = _StopRequest()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     trainer = None
@@ -311,27 +334,33 @@ def train_command(args: argparse.Namespace) -> int:
                 ) from None
 
         record: dict[str, Any] = {}
-        iterations = run(trainer)
+        records: list[dict[str, Any]] = []
+        iterations = run_seeds(trainer)
         while True:
             try:
-                record = next(iterations)
+                records = next(iterations)
             except StopIteration:
                 break
             except NonFiniteError as error:
-                error.record["time_elapsed"] = time.perf_counter() - start + time_offset
-                writer.write(error.record)
+                for writer, failed in zip(writers, error.records, strict=True):
+                    failed["time_elapsed"] = time.perf_counter() - start + time_offset
+                    writer.write(failed)
                 kept = f"the last good checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint was kept"
                 raise FloatingPointError(f"{error}; {kept}") from None
-            record["time_elapsed"] = time.perf_counter() - start + time_offset
-            writer.write(record)
+            for writer, record in zip(writers, records, strict=True):
+                record["time_elapsed"] = time.perf_counter() - start + time_offset
+                writer.write(record)
+            record = records[0]
+            # Progress counts every agent's steps; the return shown is the mean over agents.
+            episodic_return = _mean_return(records)
             bar.update(config.batch_size)
-            bar.set_postfix(sps=f"{record['sps']:.0f}", ret=f"{record['episodic_return']:.1f}")
+            bar.set_postfix(sps=f"{record['sps'] * config.num_seeds:.0f}", ret=f"{episodic_return:.1f}")
             iteration = record["iteration"]
             if args.no_progress:
                 left = (config.num_iterations - iteration) * config.batch_size / record["sps"]
                 print(
-                    f"step {record['global_step']} sps {record['sps']:.0f} episodic_return "
-                    f"{record['episodic_return']:.2f} time left {_format_eta(left)}",
+                    f"step {record['global_step']} sps {record['sps'] * config.num_seeds:.0f} episodic_return "
+                    f"{episodic_return:.2f} time left {_format_eta(left)}",
                     flush=True,
                 )
             boundary = iteration % config.checkpoint_every == 0 or iteration == config.num_iterations
@@ -348,10 +377,12 @@ def train_command(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 130 if stop.signal == "SIGINT" else 143
-        writer.finish({key: record.get(key) for key in ("global_step", "time_elapsed", "episodic_return")})
+        for writer, agent_record in zip(writers, records, strict=True):
+            writer.finish({key: agent_record.get(key) for key in ("global_step", "time_elapsed", "episodic_return")})
+        seeds = f" x {config.num_seeds} seeds" if config.num_seeds > 1 else ""
         print(
-            f"ppo-eqx: done, {record['global_step']} steps in {record['time_elapsed']:.0f} s, "
-            f"episodic_return {record['episodic_return']:.2f}",
+            f"ppo-eqx: done, {record['global_step']} steps{seeds} in {record['time_elapsed']:.0f} s, "
+            f"episodic_return {_mean_return(records):.2f}",
             flush=True,
         )
         return 0
@@ -365,9 +396,22 @@ def train_command(args: argparse.Namespace) -> int:
     finally:
         if trainer is not None:
             trainer.close()
-        writer.close()
+        for writer in writers:
+            writer.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _agent_dirs(run_dir: Path, config: PPOConfig) -> list[Path]:
+    """Where each agent's run is written: the run directory itself for one seed, else ``RUN_DIR/seedK``."""
+    if config.num_seeds == 1:
+        return [run_dir]
+    return [run_dir / f"seed{agent.seed}" for agent in config.agent_configs()]
+
+
+def _mean_return(records: list[dict[str, Any]]) -> float:
+    returns = [r["episodic_return"] for r in records if math.isfinite(r.get("episodic_return", math.nan))]
+    return sum(returns) / len(returns) if returns else math.nan
 
 
 def eval_command(args: argparse.Namespace) -> int:
@@ -388,6 +432,8 @@ def eval_command(args: argparse.Namespace) -> int:
     path = resolve_checkpoint(args.path)
     metadata = read_metadata(path)
     config = config_of(path, metadata)
+    if config.num_seeds > 1:
+        raise UsageError(f"{path} holds the {config.num_seeds} agents of a --num-seeds run; eval takes one agent's")
     spec = env_spec(config.env_id)
     checkpoint = load_checkpoint(path, metadata, config, spec)
     run_dir = path.parent.parent

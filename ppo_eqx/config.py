@@ -46,6 +46,9 @@ class PPOConfig:
     """``unroll`` of the ``lax.scan`` over minibatch steps; larger compiles slower."""
     checkpoint_every: int = 50
     """Iterations between checkpoints; the envs are re-seeded from (seed, iteration) at each one."""
+    num_seeds: int = 1
+    """Independent agents trained in one program, with seeds ``seed`` .. ``seed + num_seeds - 1``: agent s is
+    the run with seed ``seed + s`` (its own ``num_envs`` envs, model, optimizer and key)."""
 
     @property
     def batch_size(self) -> int:
@@ -58,6 +61,10 @@ class PPOConfig:
     @property
     def num_iterations(self) -> int:
         return self.total_timesteps // self.batch_size
+
+    def agent_configs(self) -> list["PPOConfig"]:
+        """The single-seed config of each of the ``num_seeds`` agents: seeds ``seed``, ``seed + 1``, ..."""
+        return [self.replace(seed=self.seed + s, num_seeds=1) for s in range(self.num_seeds)]
 
     def replace(self, **changes: Any) -> "PPOConfig":
         return dataclasses.replace(self, **changes)
@@ -83,6 +90,7 @@ class PPOConfig:
             "update_epochs",
             "minibatch_unroll",
             "checkpoint_every",
+            "num_seeds",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

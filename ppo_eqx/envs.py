@@ -6,8 +6,10 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import custom_batching
 from jaxtyping import Array, Int
 
 from ._types import EnvOutput
@@ -123,3 +125,34 @@ def make_env(
         return handle, EnvOutput(obs, reward.astype(jnp.float32), done, raw_reward, game_over)
 
     return spec, handle, env_step, pool, first_obs
+
+
+def seeds_env_step(env_step: EnvStep, num_seeds: int) -> EnvStep:
+    """``env_step`` of a pool of ``S * N`` envs made vmappable over ``S`` agents of ``N`` envs each.
+
+    EnvPool's XLA call has no batching rule, so ``jax.vmap`` cannot step it. Under ``vmap`` over a leading
+    ``S`` axis of actions (``[S, N]``) this steps the whole pool once with the actions flattened to ``[S*N]``
+    (agent s drives envs ``s*N .. s*N + N - 1``) and returns the outputs reshaped to ``[S, N, ...]``; the handle
+    stays unbatched, as there is one pool. Called without ``vmap`` (as JAX does once to learn the output
+    shapes), all agents take the same ``[N]`` actions and agent 0's outputs are returned.
+    """
+
+    @custom_batching.custom_vmap
+    def step(handle: Any, actions: Int[Array, " N"]) -> tuple[Any, EnvOutput]:
+        handle, out = env_step(handle, jnp.tile(actions, num_seeds))
+        return handle, jax.tree.map(lambda x: x[: actions.shape[0]], out)
+
+    @step.def_vmap
+    def step_agents(
+        axis_size: int, in_batched: list[Any], handle: Any, actions: Int[Array, "S N"]
+    ) -> tuple[tuple[Any, EnvOutput], tuple[Any, Any]]:
+        handle_batched, actions_batched = in_batched
+        if axis_size != num_seeds or any(jax.tree.leaves(handle_batched)):
+            raise ValueError(f"vmap this env step over its {num_seeds} agents only, with one unbatched handle")
+        if not actions_batched:
+            actions = jnp.broadcast_to(actions, (num_seeds, *actions.shape))
+        handle, out = env_step(handle, actions.reshape(-1))
+        out = jax.tree.map(lambda x: x.reshape((num_seeds, -1) + x.shape[1:]), out)
+        return (handle, out), (jax.tree.map(lambda _: False, handle), jax.tree.map(lambda _: True, out))
+
+    return step

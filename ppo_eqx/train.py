@@ -3,6 +3,11 @@
 The envs of a run live in segments of ``config.checkpoint_every`` iterations: each segment's envs are made
 afresh and seeded from (seed, first iteration of the segment) alone, so a run restored from a checkpoint at a
 segment boundary goes on exactly as the uninterrupted run did.
+
+With ``config.num_seeds`` S > 1 the program trains S independent agents, with seeds ``seed`` .. ``seed + S - 1``,
+on one pool of ``S * num_envs`` envs: the model, optimizer state, key and episode statistics carry a leading
+``S`` axis, the iteration is ``vmap``-ed over it, and agent s's envs are those of the single-seed run with
+seed ``seed + s``. Agent s computes what that run computes, up to the order in which XLA sums (see README).
 """
 
 import concurrent.futures
@@ -16,17 +21,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray, PyTree, Shaped, UInt32
 
 from ._types import Batch, EpisodeStats
 from .config import PPOConfig
-from .envs import EnvSpec, EnvStep, make_env
+from .envs import EnvSpec, EnvStep, make_env, seeds_env_step
 from .gae import compute_gae
 from .networks import ActorCritic
 from .rollout import RolloutCarry, init_episode_stats, rollout
 from .update import current_learning_rate, make_optimizer, update
 
-Metrics = dict[str, Float[Array, ""]]
+Metrics = dict[str, Float[Array, "*S"]]
+"""Scalars of one iteration; with `num_seeds` S > 1, one per agent."""
+AgentKeys = Key[Array, "*S"] | UInt32[Array, "*S 2"]
+"""A PRNG key, or with ``num_seeds`` S > 1 one per agent."""
 
 
 class TrainState(eqx.Module):
@@ -35,7 +43,7 @@ class TrainState(eqx.Module):
     model: ActorCritic
     opt_state: PyTree
     carry: RolloutCarry
-    key: PRNGKeyArray
+    key: AgentKeys
     iteration: Int[Array, ""]
 
 
@@ -48,7 +56,7 @@ class Checkpoint(eqx.Module):
 
     model: ActorCritic
     opt_state: PyTree
-    key: PRNGKeyArray
+    key: AgentKeys
     stats: EpisodeStats
     iteration: Int[Array, ""]
 
@@ -65,6 +73,28 @@ def segment_env_seeds(seed: int, iteration: int, num_envs: int) -> list[int] | N
     return [int(s) % 2**31 for s in np.random.SeedSequence(entropy).generate_state(num_envs)]
 
 
+def pool_env_seeds(config: PPOConfig, iteration: int) -> list[int] | None:
+    """EnvPool seeds of the ``num_seeds * num_envs`` envs of one pool that play from ``iteration`` on.
+
+    Agent s's ``num_envs`` envs come s-th, with the seeds that the single-seed run with seed ``seed + s`` gives
+    its envs (EnvPool's own ``seed + s + i`` in the first segment, made explicit). ``None`` for a single seed's
+    first segment, as ``segment_env_seeds``.
+    """
+    if config.num_seeds == 1:
+        return segment_env_seeds(config.seed, iteration, config.num_envs)
+    seeds = []
+    for agent in config.agent_configs():
+        own = segment_env_seeds(agent.seed, iteration, config.num_envs)
+        seeds += [agent.seed + i for i in range(config.num_envs)] if own is None else own
+    return seeds
+
+
+def agent_obs(config: PPOConfig, pool_obs: np.ndarray) -> Shaped[Array, "..."]:
+    """The pool's observations ``[S*N, *obs]`` as the agents see them: ``[S, N, *obs]`` (``[N, *obs]`` for one)."""
+    obs = jnp.asarray(pool_obs)
+    return obs if config.num_seeds == 1 else obs.reshape((config.num_seeds, config.num_envs) + obs.shape[1:])
+
+
 def fresh_episodes(stats: EpisodeStats) -> EpisodeStats:
     """Statistics for new envs: no running episode, the last finished ones kept."""
     return stats._replace(
@@ -73,23 +103,38 @@ def fresh_episodes(stats: EpisodeStats) -> EpisodeStats:
     )
 
 
+def init_agents(
+    config: PPOConfig, spec: EnvSpec, optimizer: optax.GradientTransformation
+) -> tuple[ActorCritic, PyTree, AgentKeys, EpisodeStats]:
+    """A fresh run's model, optimizer state, key and episode statistics.
+
+    With ``num_seeds`` S > 1 each is stacked over a leading ``S`` axis (``eqx.filter_vmap`` over the seeds),
+    agent s initialised as the single-seed run with seed ``seed + s``.
+    """
+
+    def init(seed: int | Int[Array, ""]) -> tuple[ActorCritic, PyTree, PRNGKeyArray, EpisodeStats]:
+        key, model_key = jax.random.split(jax.random.PRNGKey(seed))
+        model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=config.conv_impl, key=model_key)
+        opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+        return model, opt_state, key, init_episode_stats(config.num_envs)
+
+    if config.num_seeds == 1:
+        return init(config.seed)
+    return eqx.filter_vmap(init)(config.seed + jnp.arange(config.num_seeds))
+
+
 def init_train_state(
     config: PPOConfig, spec: EnvSpec, handle: Any, first_obs: np.ndarray, optimizer: optax.GradientTransformation
 ) -> TrainState:
-    key, model_key = jax.random.split(jax.random.PRNGKey(config.seed))
-    model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=config.conv_impl, key=model_key)
-    carry = RolloutCarry(handle, jnp.asarray(first_obs), init_episode_stats(config.num_envs))
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    model, opt_state, key, stats = init_agents(config, spec, optimizer)
+    carry = RolloutCarry(handle, agent_obs(config, first_obs), stats)
     return TrainState(model, opt_state, carry, key, jnp.zeros((), jnp.int32))
 
 
 def init_checkpoint(config: PPOConfig, spec: EnvSpec) -> Checkpoint:
     """A fresh run's checkpoint; under ``eqx.filter_eval_shape`` the "like" tree that a checkpoint loads into."""
-    optimizer = make_optimizer(config)
-    key, model_key = jax.random.split(jax.random.PRNGKey(config.seed))
-    model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=config.conv_impl, key=model_key)
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
-    return Checkpoint(model, opt_state, key, init_episode_stats(config.num_envs), jnp.zeros((), jnp.int32))
+    model, opt_state, key, stats = init_agents(config, spec, make_optimizer(config))
+    return Checkpoint(model, opt_state, key, stats, jnp.zeros((), jnp.int32))
 
 
 @eqx.filter_jit
@@ -107,7 +152,13 @@ def make_iteration(
     Metrics follow CleanRL: the losses are those of the last minibatch step, ``clip_fraction`` is the mean
     over all steps, ``episodic_return``/``episodic_length`` the mean over envs of each env's last finished
     episode (NaN until one has finished).
+
+    With ``config.num_seeds`` S > 1, ``env_step`` steps a pool of ``S * num_envs`` envs and the iteration is
+    that of one agent ``vmap``-ed over S: the state's arrays carry a leading ``S`` axis except the env handle
+    and the iteration counter, which are shared, and every metric is ``[S]``.
     """
+    if config.num_seeds > 1:
+        return _seeds_iteration(config, env_step, optimizer)
 
     def iteration(state: TrainState) -> tuple[TrainState, Metrics]:
         key, rollout_key, update_key = jax.random.split(state.key, 3)
@@ -165,6 +216,19 @@ def make_iteration(
     return iteration
 
 
+def _seeds_iteration(
+    config: PPOConfig, env_step: EnvStep, optimizer: optax.GradientTransformation
+) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
+    agent = make_iteration(config.replace(num_seeds=1), seeds_env_step(env_step, config.num_seeds), optimizer)
+
+    def iteration(state: TrainState) -> tuple[TrainState, Metrics]:
+        axes = jax.tree.map(lambda x: 0 if eqx.is_array(x) else None, state)
+        axes = eqx.tree_at(lambda s: (s.carry.handle, s.iteration), axes, (None, None), is_leaf=lambda x: x is None)
+        return eqx.filter_vmap(agent, in_axes=(axes,), out_axes=(axes, 0))(state)
+
+    return iteration
+
+
 class _Segment(NamedTuple):
     """The envs that play from iteration ``start`` on, and the iteration compiled against their pool."""
 
@@ -176,11 +240,13 @@ class _Segment(NamedTuple):
 
 
 class NonFiniteError(FloatingPointError):
-    """The loss or the parameters became NaN or inf; ``record`` is the iteration's metrics."""
+    """The loss or the parameters became NaN or inf; ``record`` is the iteration's metrics (of the first agent
+    that went wrong), ``records`` those of every agent."""
 
-    def __init__(self, message: str, record: dict[str, Any]):
+    def __init__(self, message: str, record: dict[str, Any], records: list[dict[str, Any]] | None = None):
         super().__init__(message)
         self.record = record
+        self.records = [record] if records is None else records
 
 
 class Trainer:
@@ -195,6 +261,9 @@ class Trainer:
 
     ``restore`` continues from a checkpoint: its model, optimizer state, key, iteration and finished-episode
     statistics, with the envs of the segment that starts at its iteration. Call ``close()`` when done.
+
+    With ``config.num_seeds`` S > 1 one pool holds the envs of all S agents (``pool_env_seeds``) and the state
+    is stacked over S (see ``make_iteration``).
     """
 
     def __init__(self, config: PPOConfig, *, restore: Checkpoint | None = None):
@@ -205,7 +274,7 @@ class Trainer:
         segment = self._segment
         state = init_train_state(config, self.spec, segment.handle, segment.first_obs, self.optimizer)
         if restore is not None:
-            carry = RolloutCarry(segment.handle, jnp.asarray(segment.first_obs), fresh_episodes(restore.stats))
+            carry = RolloutCarry(segment.handle, agent_obs(config, segment.first_obs), fresh_episodes(restore.stats))
             state = TrainState(restore.model, restore.opt_state, carry, restore.key, restore.iteration)
         self.state = state
         # The state's shapes and dtypes in arrays that are never donated: later segments compile against it.
@@ -216,9 +285,8 @@ class Trainer:
 
     def _make_envs(self, start: int) -> tuple[EnvSpec, _Segment]:
         config = self.config
-        spec, handle, env_step, pool, first_obs = make_env(
-            config, env_seed=segment_env_seeds(config.seed, start, config.num_envs)
-        )
+        pool_config = config.replace(num_envs=config.num_seeds * config.num_envs, num_seeds=1)
+        spec, handle, env_step, pool, first_obs = make_env(pool_config, env_seed=pool_env_seeds(config, start))
         iteration = eqx.debug.assert_max_traces(make_iteration(config, env_step, self.optimizer), max_traces=1)
         return spec, _Segment(start, pool, jnp.asarray(handle), first_obs, eqx.filter_jit(iteration, donate="all"))
 
@@ -254,7 +322,8 @@ class Trainer:
         if segment.start != iteration:
             raise RuntimeError(f"envs were prepared for iteration {segment.start}, not {iteration}")
         old, self._segment, self._next = self._segment, segment, None
-        carry = RolloutCarry(segment.handle, jnp.asarray(segment.first_obs), fresh_episodes(self.state.carry.stats))
+        first_obs = agent_obs(self.config, segment.first_obs)
+        carry = RolloutCarry(segment.handle, first_obs, fresh_episodes(self.state.carry.stats))
         self.state = eqx.tree_at(lambda s: s.carry, self.state, carry)
         old.pool.close()
         self._prepare_after(iteration)
@@ -294,7 +363,18 @@ def run(trainer: Trainer, *, num_iterations: int | None = None) -> Iterator[dict
     """The host loop over ``trainer.step()``; stops after ``config.num_iterations`` in all.
 
     Raises NonFiniteError (naming the iteration) instead of yielding an iteration whose loss or parameters
-    are NaN or inf.
+    are NaN or inf. For a single seed; ``run_seeds`` yields every agent's records.
+    """
+    if trainer.config.num_seeds != 1:
+        raise ValueError(f"run() is for one seed; use run_seeds() for num_seeds={trainer.config.num_seeds}")
+    for records in run_seeds(trainer, num_iterations=num_iterations):
+        yield records[0]
+
+
+def run_seeds(trainer: Trainer, *, num_iterations: int | None = None) -> Iterator[list[dict[str, float]]]:
+    """``run`` for ``num_seeds`` agents: one record per agent and iteration, each as a single-seed run's.
+
+    An agent's ``global_step`` and ``sps`` count its own ``num_envs * num_steps`` steps per iteration.
     """
     config = trainer.config
     start = time.perf_counter()
@@ -304,13 +384,18 @@ def run(trainer: Trainer, *, num_iterations: int | None = None) -> Iterator[dict
         metrics = jax.device_get(trainer.step())
         now = time.perf_counter()
         iteration = int(trainer.state.iteration)
-        record = {"iteration": iteration, "global_step": iteration * config.batch_size}
-        record["sps"] = config.batch_size / (now - last)
-        record["time_elapsed"] = now - start
-        record.update({name: float(value) for name, value in metrics.items()})
+        records = []
+        for agent in range(config.num_seeds):
+            record: dict[str, float] = {"iteration": iteration, "global_step": iteration * config.batch_size}
+            record["sps"] = config.batch_size / (now - last)
+            record["time_elapsed"] = now - start
+            record.update({name: float(np.reshape(value, -1)[agent]) for name, value in metrics.items()})
+            records.append(record)
         last = now
-        if not math.isfinite(record["loss"]):
-            raise NonFiniteError(f"the loss is {record['loss']} at iteration {iteration}", record)
+        for agent, record in enumerate(records):
+            if not math.isfinite(record["loss"]):
+                which = f" of seed {config.seed + agent}" if config.num_seeds > 1 else ""
+                raise NonFiniteError(f"the loss{which} is {record['loss']} at iteration {iteration}", record, records)
         if not trainer.finite():
-            raise NonFiniteError(f"the parameters are not finite after iteration {iteration}", record)
-        yield record
+            raise NonFiniteError(f"the parameters are not finite after iteration {iteration}", records[0], records)
+        yield records

@@ -1,0 +1,144 @@
+"""Many seeds in one program against one process per seed: env steps/s summed over the agents.
+
+Three ways to train S agents (seeds K..K+S-1) of the same config on this machine:
+
+- one process, ``--num-seeds S``: one EnvPool of S x num_envs envs, the iteration vmapped over the agents;
+- S processes one after another (``--num-seeds 1`` each, as a sweep runner would);
+- S processes at once, sharing the CPU.
+
+Each runs in a fresh process: compile, ``--warmup`` iterations, then ``--iterations`` timed ones. Reported:
+the compile time, the env steps/s of the timed iterations summed over all agents (for processes at once: the
+sum of each process's rate), the wall time of the whole job (process start, env creation and compile
+included) and the env-only ceiling (S x num_envs envs in one pool, random actions) measured in the same run.
+
+    python bench/seeds.py --env-id Breakout-v5 --num-seeds 2 --json bench/results/seeds.json
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import env_only_sps, environment, write_results
+
+HERE = Path(__file__).resolve()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env-id", default="Breakout-v5")
+    parser.add_argument("--num-seeds", type=int, default=2, help="agents S (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=1, help="first seed K (default: %(default)s)")
+    parser.add_argument("--num-envs", type=int, default=8, help="envs per agent (default: %(default)s)")
+    parser.add_argument("--num-steps", type=int, default=64, help="(default: %(default)s)")
+    parser.add_argument("--warmup", type=int, default=1, help="iterations before timing (default: %(default)s)")
+    parser.add_argument("--iterations", type=int, default=3, help="timed iterations (default: %(default)s)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def config_of(args: argparse.Namespace, seed: int, num_seeds: int):
+    from ppo_eqx import PPOConfig
+
+    batch = args.num_envs * args.num_steps
+    return PPOConfig(
+        env_id=args.env_id,
+        num_envs=args.num_envs,
+        num_steps=args.num_steps,
+        total_timesteps=batch * (args.warmup + args.iterations),
+        checkpoint_every=10**9,  # one segment of envs: nothing is recompiled while timing
+        seed=seed,
+        num_seeds=num_seeds,
+    ).validate()
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One process: train ``--num-seeds`` agents, print one JSON line of timings."""
+    import jax
+
+    from ppo_eqx import Trainer
+
+    trainer = Trainer(config_of(args, args.seed, args.num_seeds))
+    compile_s = trainer.compile()
+    for _ in range(args.warmup):
+        jax.block_until_ready(trainer.step())
+    start = time.perf_counter()
+    for _ in range(args.iterations):
+        jax.block_until_ready(trainer.step())
+    seconds = time.perf_counter() - start
+    trainer.close()
+    steps = args.num_seeds * args.iterations * trainer.config.batch_size
+    print(json.dumps({"compile_s": compile_s, "env_steps_per_s": steps / seconds}))
+
+
+def spawn(args: argparse.Namespace, seed: int, num_seeds: int) -> subprocess.Popen:
+    command = [sys.executable, str(HERE), "--worker", "--env-id", args.env_id, "--seed", str(seed)]
+    command += ["--num-seeds", str(num_seeds), "--num-envs", str(args.num_envs), "--num-steps", str(args.num_steps)]
+    command += ["--warmup", str(args.warmup), "--iterations", str(args.iterations)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+
+
+def result(process: subprocess.Popen) -> dict:
+    out, _ = process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"worker failed with exit status {process.returncode}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return
+    seeds = range(args.seed, args.seed + args.num_seeds)
+    rows = []
+
+    def add(mode: str, processes: int, results: list[dict], wall_s: float) -> None:
+        rows.append(
+            {
+                "mode": mode,
+                "processes": processes,
+                "agents": args.num_seeds,
+                "compile_s": max(r["compile_s"] for r in results),
+                "env_steps_per_s": sum(r["env_steps_per_s"] for r in results)
+                if mode == "processes at once"
+                else args.num_seeds * args.iterations / sum(args.iterations / r["env_steps_per_s"] for r in results),
+                "wall_s": wall_s,
+            }
+        )
+        print(f"# {mode}: {rows[-1]['env_steps_per_s']:.0f} env steps/s, {wall_s:.1f} s in all", flush=True)
+
+    start = time.perf_counter()
+    one = result(spawn(args, args.seed, args.num_seeds))
+    add("one process, --num-seeds", 1, [one], time.perf_counter() - start)
+    start = time.perf_counter()
+    after = [result(spawn(args, seed, 1)) for seed in seeds]
+    add("processes one after another", args.num_seeds, after, time.perf_counter() - start)
+    start = time.perf_counter()
+    processes = [spawn(args, seed, 1) for seed in seeds]
+    together = [result(process) for process in processes]
+    add("processes at once", args.num_seeds, together, time.perf_counter() - start)
+
+    from ppo_eqx import make_env
+
+    pool_config = config_of(args, args.seed, 1).replace(num_envs=args.num_seeds * args.num_envs)
+    spec, handle, env_step, pool, _ = make_env(pool_config)
+    ceiling = env_only_sps(env_step, handle, spec.num_actions, args.num_steps, pool_config.num_envs, repeats=3)
+    del pool
+    header = {
+        "env_id": args.env_id,
+        "num_seeds": args.num_seeds,
+        "num_envs_per_agent": args.num_envs,
+        "num_steps": args.num_steps,
+        "timed_iterations": args.iterations,
+        "env_only_sps": ceiling,
+        "environment": environment(),
+    }
+    write_results(rows, header, args.json)
+
+
+if __name__ == "__main__":
+    main()
