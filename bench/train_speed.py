@@ -39,7 +39,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--num-steps", type=int, default=128)
     parser.add_argument("--conv-impl", choices=("matmul", "xla"), default="matmul")
     parser.add_argument("--minibatch-unroll", type=int, default=1)
-    parser.add_argument("--warmup", type=int, default=2, help="iterations run before timing")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=4,
+        help="iterations run before timing (they also cover the background compile of the next env segment)",
+    )
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     return parser.parse_args()
