@@ -1,5 +1,6 @@
 """Timing, ceilings and output shared by the bench scripts."""
 
+import argparse
 import json
 import resource
 import statistics
@@ -14,6 +15,35 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ppo_eqx import PPOConfig  # noqa: E402
+from ppo_eqx.config import CONV_IMPLS  # noqa: E402
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """The PPOConfig fields a bench varies, with CleanRL's Atari defaults, and ``--json``."""
+    parser.add_argument("--env-id", default="Breakout-v5")
+    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--num-steps", type=int, default=128)
+    parser.add_argument("--num-minibatches", type=int, default=4)
+    parser.add_argument("--update-epochs", type=int, default=4)
+    parser.add_argument("--conv-impl", choices=CONV_IMPLS, default="matmul")
+    parser.add_argument("--minibatch-unroll", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+
+
+def config_from_args(args: argparse.Namespace, **changes: Any) -> PPOConfig:
+    """CleanRL's hyperparameters with the bench's flags (and ``changes``) applied, validated."""
+    return PPOConfig(
+        env_id=args.env_id,
+        num_envs=args.num_envs,
+        num_steps=args.num_steps,
+        num_minibatches=args.num_minibatches,
+        update_epochs=args.update_epochs,
+        conv_impl=args.conv_impl,
+        minibatch_unroll=args.minibatch_unroll,
+        **changes,
+    ).validate()
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:

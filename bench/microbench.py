@@ -15,16 +15,18 @@ env-only rate are measured in the same run.
 
 import argparse
 import dataclasses
-from pathlib import Path
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 from _common import (
+    add_config_args,
     compile_seconds,
     compute_limit_sps,
+    config_from_args,
     device_memory_mib,
+    env_only_program,
     environment,
     fraction,
     matmul_rate,
@@ -34,7 +36,7 @@ from _common import (
     write_results,
 )
 
-from ppo_eqx import Batch, PPOConfig, compute_gae, make_env, make_optimizer, model_loss
+from ppo_eqx import Batch, compute_gae, make_env, make_optimizer, model_loss
 from ppo_eqx.networks import categorical_logprob_entropy
 from ppo_eqx.rollout import RolloutCarry, init_episode_stats, rollout
 from ppo_eqx.train import init_train_state, make_iteration
@@ -43,30 +45,14 @@ from ppo_eqx.update import update
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env-id", default="Breakout-v5")
-    parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--num-steps", type=int, default=128)
-    parser.add_argument("--num-minibatches", type=int, default=4)
-    parser.add_argument("--update-epochs", type=int, default=4)
-    parser.add_argument("--conv-impl", choices=("matmul", "xla"), default="matmul")
-    parser.add_argument("--minibatch-unroll", type=int, default=1)
+    add_config_args(parser)
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per piece (median reported)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     return parser.parse_args()
 
 
 def main() -> None:
     args = parse_args()
-    config = PPOConfig(
-        env_id=args.env_id,
-        num_envs=args.num_envs,
-        num_steps=args.num_steps,
-        num_minibatches=args.num_minibatches,
-        update_epochs=args.update_epochs,
-        conv_impl=args.conv_impl,
-        minibatch_unroll=args.minibatch_unroll,
-        total_timesteps=args.num_envs * args.num_steps * 100,
-    ).validate()
+    config = config_from_args(args, total_timesteps=args.num_envs * args.num_steps * 100)
     spec, handle, env_step, pool, first_obs = make_env(config)
     optimizer = make_optimizer(config)
     state = init_train_state(config, spec, handle, first_obs, optimizer)
@@ -91,16 +77,7 @@ def main() -> None:
 
     # Ceilings: the machine's matmul rate, and the env alone (random actions, no model).
     flop_rate = matmul_rate()
-    actions = jax.random.randint(jax.random.PRNGKey(0), (t, n), 0, spec.num_actions, jnp.int32)
-
-    @jax.jit
-    def env_only(handle, actions):
-        def step(handle, action):
-            handle, out = env_step(handle, action)
-            return handle, out.reward
-
-        return jax.lax.scan(step, handle, actions)
-
+    env_only, actions = env_only_program(env_step, spec.num_actions, t, n)
     add("env step (x num_steps, no model)", env_only, (handle, actions), n * t)
     env_sps = rows[-1]["env_steps_per_s"]
 

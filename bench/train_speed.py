@@ -14,11 +14,12 @@ so the result is also given as a fraction of what this machine can do, and proje
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 import jax
 from _common import (
+    add_config_args,
     compute_limit_sps,
+    config_from_args,
     device_memory_mib,
     env_only_sps,
     environment,
@@ -28,17 +29,13 @@ from _common import (
     write_results,
 )
 
-from ppo_eqx import PPOConfig, Trainer, make_env
+from ppo_eqx import Trainer, make_env
 from ppo_eqx.train import run
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env-id", default="Breakout-v5")
-    parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--num-steps", type=int, default=128)
-    parser.add_argument("--conv-impl", choices=("matmul", "xla"), default="matmul")
-    parser.add_argument("--minibatch-unroll", type=int, default=1)
+    add_config_args(parser)
     parser.add_argument(
         "--warmup",
         type=int,
@@ -46,7 +43,6 @@ def parse_args() -> argparse.Namespace:
         help="iterations run before timing (they also cover the background compile of the next env segment)",
     )
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     return parser.parse_args()
 
 
@@ -54,13 +50,7 @@ def main() -> None:
     args = parse_args()
     total_iterations = args.warmup + args.iterations
     # CleanRL's hyperparameters; total_timesteps only sets the learning-rate annealing horizon.
-    config = PPOConfig(
-        env_id=args.env_id,
-        num_envs=args.num_envs,
-        num_steps=args.num_steps,
-        conv_impl=args.conv_impl,
-        minibatch_unroll=args.minibatch_unroll,
-    ).validate()
+    config = config_from_args(args)
 
     start = time.perf_counter()
     trainer = Trainer(config)
