@@ -248,10 +248,11 @@ def train_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--keep-checkpoints {args.keep_checkpoints} must be at least 1")
     if args.track:
         _require("wandb", "--track needs Weights & Biases: pip install wandb")
-    resume = _load_resume(args) if args.resume is not None else None
-    if resume is not None:
+    resume_dir: Path | None = args.resume
+    resume = _load_resume(args) if resume_dir is not None else None
+    if resume is not None and resume_dir is not None:
         config = resume.config
-        run_dir: Path = args.resume
+        run_dir = resume_dir
         start_iteration = int(resume.checkpoint.iteration)
         if start_iteration >= config.num_iterations:
             print(f"ppo-eqx: {run_dir} finished at iteration {start_iteration}; nothing to resume", flush=True)

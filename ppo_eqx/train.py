@@ -14,7 +14,7 @@ import concurrent.futures
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import equinox as eqx
 import jax
@@ -24,7 +24,7 @@ import optax
 from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray, PyTree, Shaped, UInt32
 
 from ._types import Batch, EpisodeStats
-from .config import PPOConfig
+from .config import ConvImpl, PPOConfig
 from .envs import EnvSpec, EnvStep, make_env, seeds_env_step
 from .gae import compute_gae
 from .networks import ActorCritic
@@ -114,7 +114,8 @@ def init_agents(
 
     def init(seed: int | Int[Array, ""]) -> tuple[ActorCritic, PyTree, PRNGKeyArray, EpisodeStats]:
         key, model_key = jax.random.split(jax.random.PRNGKey(seed))
-        model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=config.conv_impl, key=model_key)
+        conv_impl = cast(ConvImpl, config.conv_impl)  # validated by PPOConfig
+        model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=conv_impl, key=model_key)
         opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
         return model, opt_state, key, init_episode_stats(config.num_envs)
 
