@@ -1,10 +1,24 @@
 """The PPO objective: ``ppo_loss`` on arrays, ``model_loss`` on a model and a batch."""
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from ._types import Batch, LossInfo
 from .networks import ActorCritic
+
+
+def normalize_advantages(advantages: Float[Array, " B"], *, axis_name: str | None = None) -> Float[Array, " B"]:
+    """``(a - mean) / (std + 1e-8)`` over the minibatch (CleanRL's ``norm_adv``).
+
+    ``axis_name``: the minibatch is split in equal shards along this mapped axis (``shard_map``); the mean
+    and (population) standard deviation are then those of the whole minibatch, taken with ``pmean``.
+    """
+    if axis_name is None:
+        return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    mean = jax.lax.pmean(advantages.mean(), axis_name)
+    std = jnp.sqrt(jax.lax.pmean(jnp.mean((advantages - mean) ** 2), axis_name))
+    return (advantages - mean) / (std + 1e-8)
 
 
 def ppo_loss(
@@ -32,7 +46,7 @@ def ppo_loss(
     log_ratio = new_logprob - old_logprob
     ratio = jnp.exp(log_ratio)
     if norm_adv:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        advantages = normalize_advantages(advantages)
     policy_loss = jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef)).mean()
     value_error = (new_value - returns) ** 2
     if clip_vloss:

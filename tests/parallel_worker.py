@@ -1,0 +1,116 @@
+"""Subprocess side of tests/test_parallel.py: jax must see its devices (or its peers) before it starts.
+
+    python tests/parallel_worker.py devices OUT.npz               2 host-platform devices in one process
+    python tests/parallel_worker.py process PORT ID OUT.npz       process ID of 2 on 127.0.0.1:PORT
+
+Each writes the 1-device ``update``'s parameters and loss diagnostics (``ref/model/i``,
+``ref/info/FIELD``) and the sharded update's (``got/...``, with ``got/opt_state/i``), for a CartPole-shaped
+MLP batch (``mlp/``) and, with ``devices``, an Atari-shaped CNN batch (``cnn/``).
+"""
+
+import os
+import sys
+
+if __name__ == "__main__" and sys.argv[1] == "devices":
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+from jaxtyping import install_import_hook  # noqa: E402
+
+with install_import_hook("ppo_eqx", "beartype.beartype"):  # as pytest's --jaxtyping-packages
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    from ppo_eqx import ActorCritic, Batch, PPOConfig, make_optimizer, update
+    from ppo_eqx.parallel import make_mesh, replicate, shard_batch, sharded_update
+
+COEFS: dict[str, Any] = {"clip_coef": 0.1, "vf_coef": 0.5, "ent_coef": 0.01, "clip_vloss": True}
+CASES = {"mlp": ((4,), 2, 64), "cnn": ((4, 84, 84), 4, 32)}  # obs shape, actions, batch size
+
+
+def make_batch(obs_shape: tuple[int, ...], num_actions: int, size: int, seed: int = 0) -> Batch:
+    rng = np.random.default_rng(seed)
+    normal = lambda: rng.normal(size=size).astype(np.float32)  # noqa: E731
+    if len(obs_shape) == 3:
+        obs = rng.integers(0, 256, (size, *obs_shape), dtype=np.uint8)
+    else:
+        obs = rng.normal(size=(size, *obs_shape)).astype(np.float32)
+    actions = rng.integers(0, num_actions, size).astype(np.int32)
+    fields = (obs, actions, normal() * 0.1 - 0.7, normal(), normal() + 0.3, normal())
+    return Batch(*(jnp.asarray(x) for x in fields))
+
+
+def run(case: str, *, process_rows: slice | None) -> dict[str, Any]:
+    obs_shape, num_actions, size = CASES[case]
+    model = ActorCritic(obs_shape, num_actions, key=jax.random.PRNGKey(0))
+    optimizer = make_optimizer(PPOConfig(num_minibatches=2, update_epochs=2))
+    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    batch = make_batch(obs_shape, num_actions, size)
+    settings: dict[str, Any] = {"optimizer": optimizer, "num_minibatches": 2, "update_epochs": 2, **COEFS}
+    key = jax.random.PRNGKey(1)
+
+    local = jax.local_devices()[0]
+    on_local = lambda tree: jax.device_put(tree, local)  # noqa: E731
+    reference = eqx.filter_jit(lambda m, o, b, k: update(m, o, b, **settings, key=k))
+    ref_model, _, ref_infos = reference(on_local(model), on_local(opt_state), on_local(batch), on_local(key))
+
+    mesh = make_mesh()
+    own = batch if process_rows is None else jax.tree.map(lambda x: x[process_rows], batch)
+    sharded = eqx.filter_jit(lambda m, o, b, k: sharded_update(m, o, b, mesh=mesh, **settings, key=k))
+    got_model, got_opt_state, got_infos = sharded(
+        replicate(model, mesh), replicate(opt_state, mesh), shard_batch(own, mesh), replicate(key, mesh)
+    )
+
+    out: dict[str, Any] = {}
+    for name, (new_model, infos) in [("ref", (ref_model, ref_infos)), ("got", (got_model, got_infos))]:
+        # The sharded results are replicated global arrays: each process reads its own device's copy.
+        read = lambda x: np.asarray(x.addressable_data(0) if name == "got" else x)  # noqa: E731
+        for i, leaf in enumerate(jax.tree.leaves(eqx.filter(new_model, eqx.is_array))):
+            out[f"{case}/{name}/model/{i}"] = read(leaf)
+        for field, value in infos._asdict().items():
+            out[f"{case}/{name}/info/{field}"] = read(value)
+    for i, leaf in enumerate(jax.tree.leaves(got_opt_state)):
+        out[f"{case}/got/opt_state/{i}"] = np.asarray(leaf.addressable_data(0))
+    out[f"{case}/moved"] = np.asarray(
+        max(
+            float(jnp.max(jnp.abs(a - b)))
+            for a, b in zip(
+                jax.tree.leaves(eqx.filter(model, eqx.is_array)),
+                jax.tree.leaves(eqx.filter(ref_model, eqx.is_array)),
+                strict=True,
+            )
+        )
+    )
+    return out
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    if mode == "devices":
+        assert jax.device_count() == 2, jax.devices()
+        results = {**run("mlp", process_rows=None), **run("cnn", process_rows=None)}
+        np.savez(sys.argv[2], **results)
+        return
+    port, process_id, path = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}",
+        num_processes=2,
+        process_id=process_id,
+        initialization_timeout=60,
+        heartbeat_timeout_seconds=10,
+        shutdown_timeout_seconds=10,
+    )
+    assert jax.process_count() == 2 and jax.device_count() == 2 and jax.local_device_count() == 1, jax.devices()
+    # shard_batch concatenates the processes' rows in the mesh's device order.
+    position = [d.process_index for d in make_mesh().devices.flat].index(jax.process_index())
+    _, _, size = CASES["mlp"]
+    results = run("mlp", process_rows=slice(position * size // 2, (position + 1) * size // 2))
+    np.savez(path, **results)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()
