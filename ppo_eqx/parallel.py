@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -20,7 +19,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 from ._types import Batch, LossInfo
 from .loss import model_loss, normalize_advantages
 from .networks import ActorCritic
-from .update import minibatch_indices
+from .update import minibatch_indices, minibatch_steps
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None, *, axis_name: str = "data") -> Mesh:
@@ -108,16 +107,7 @@ def sharded_update(
         shard = shard._replace(obs=eqx.combine(params, static).prepare(shard.obs))
         whole = jax.tree.map(lambda x: jax.lax.all_gather(x, axis, tiled=True), shard)
         own = jax.lax.dynamic_slice_in_dim(indices, jax.lax.axis_index(axis) * shard_size, shard_size, axis=1)
-
-        def step(carry: tuple[PyTree, PyTree], index: Int[Array, " shard"]) -> tuple[tuple[PyTree, PyTree], LossInfo]:
-            params, opt_state = carry
-            minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0), whole)
-            (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, minibatch)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), info
-
-        (params, opt_state), infos = jax.lax.scan(step, (params, opt_state), own, unroll=unroll)
-        return params, opt_state, infos
+        return minibatch_steps(loss_fn, params, opt_state, whole, own, optimizer=optimizer, unroll=unroll)
 
     replicated, split = PartitionSpec(), PartitionSpec(axis)
     params, opt_state, infos = jax.shard_map(

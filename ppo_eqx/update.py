@@ -1,5 +1,7 @@
 """The PPO update: shuffle the batch each epoch, split it into minibatches, one Adam step per minibatch."""
 
+from collections.abc import Callable
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -45,6 +47,33 @@ def minibatch_indices(
     return permutations.reshape(update_epochs * num_minibatches, batch_size // num_minibatches)
 
 
+LossFn = Callable[[PyTree, Batch], tuple[Float[Array, ""], LossInfo]]
+
+
+def minibatch_steps(
+    loss_fn: LossFn,
+    params: PyTree,
+    opt_state: PyTree,
+    batch: Batch,
+    indices: Int[Array, "EM mb"],
+    *,
+    optimizer: optax.GradientTransformation,
+    unroll: int = 1,
+) -> tuple[PyTree, PyTree, LossInfo]:
+    """One optimizer step on ``loss_fn`` per row of ``indices`` (the rows of ``batch`` in that minibatch), in a
+    ``lax.scan`` with ``unroll``. Returns the parameters, optimizer state and every step's diagnostics."""
+
+    def step(carry: tuple[PyTree, PyTree], index: Int[Array, " mb"]) -> tuple[tuple[PyTree, PyTree], LossInfo]:
+        params, opt_state = carry
+        minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0), batch)
+        (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, minibatch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), info
+
+    (params, opt_state), infos = jax.lax.scan(step, (params, opt_state), indices, unroll=unroll)
+    return params, opt_state, infos
+
+
 def update(
     model: ActorCritic,
     opt_state: PyTree,
@@ -85,12 +114,7 @@ def update(
             prepared=True,
         )
 
-    def step(carry: tuple[PyTree, PyTree], index: Int[Array, " mb"]) -> tuple[tuple[PyTree, PyTree], LossInfo]:
-        params, opt_state = carry
-        minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0), batch)
-        (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, minibatch)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), info
-
-    (params, opt_state), infos = jax.lax.scan(step, (params, opt_state), indices, unroll=unroll)
+    params, opt_state, infos = minibatch_steps(
+        loss_fn, params, opt_state, batch, indices, optimizer=optimizer, unroll=unroll
+    )
     return eqx.combine(params, static), opt_state, infos
