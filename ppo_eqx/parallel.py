@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -28,12 +29,12 @@ def make_mesh(devices: Sequence[jax.Device] | None = None, *, axis_name: str = "
 
 
 def shard_batch(batch: Batch, mesh: Mesh) -> Batch:
-    """This process's rows of the batch as global arrays split along their rows over ``mesh``.
+    """This process's envs of a time-major batch (``[T, n, ...]``) as global arrays split over ``mesh`` by env.
 
-    One process: ``batch`` is the whole batch. Several: each passes its own rows, an equal number each, in
-    process order; the global batch is their concatenation.
+    One process: ``batch`` is the whole batch. Several: each passes its own envs, an equal number each, in
+    the mesh's process order; the global batch (``[T, N, ...]``) holds them side by side along axis 1.
     """
-    sharding = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+    sharding = NamedSharding(mesh, PartitionSpec(None, mesh.axis_names[0]))
     return jax.tree.map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), batch)
 
 
@@ -64,10 +65,11 @@ def sharded_update(
 ) -> tuple[ActorCritic, PyTree, LossInfo]:
     """``ppo_eqx.update.update`` with each minibatch split evenly across the devices of ``mesh``.
 
-    Same arguments, results and minibatches (the same permutations of the whole batch, from ``key``) as
-    ``update``; the results are replicated over ``mesh``. ``batch`` is split along its rows (``shard_batch``),
-    ``model``, ``opt_state`` and ``key`` are replicated (``replicate``). The minibatch size must be a multiple
-    of the number of devices.
+    ``batch`` is time-major, ``[T, N, ...]`` with its N envs split over the devices (``shard_batch``); it is
+    the batch ``update`` takes flattened to ``[T*N, ...]``, as the training iteration flattens its rollout.
+    Same results and minibatches (the same permutations of the flattened batch, from ``key``) as ``update``
+    on that flat batch; the results are replicated over ``mesh``. ``model``, ``opt_state`` and ``key`` are
+    replicated (``replicate``). N and the minibatch size must be multiples of the number of devices.
 
     A minibatch draws its rows from the whole batch, so each device first gathers the whole batch (one
     ``all_gather`` per call, of the observations already relaid out by ``model.prepare``) and then only
@@ -75,13 +77,21 @@ def sharded_update(
     """
     (axis,) = mesh.axis_names
     num_shards = mesh.shape[axis]
-    batch_size = batch.actions.shape[0]
+    num_steps, num_envs = batch.actions.shape[:2]
+    batch_size = num_steps * num_envs
     minibatch_size = batch_size // num_minibatches
-    if minibatch_size % num_shards:
-        raise ValueError(f"minibatch size {minibatch_size} is not a multiple of the {num_shards} devices")
+    if minibatch_size % num_shards or num_envs % num_shards:
+        raise ValueError(
+            f"minibatch size {minibatch_size} or envs {num_envs} is not a multiple of the {num_shards} devices"
+        )
     shard_size = minibatch_size // num_shards
     params, static = eqx.partition(model, eqx.is_array)
     indices = minibatch_indices(batch_size, num_minibatches=num_minibatches, update_epochs=update_epochs, key=key)
+    # Row t*N + i of the flat batch (env i = d*n + j of device d) is row d*T*n + t*n + j of the gathered one.
+    envs_per_shard = num_envs // num_shards
+    step, env = jnp.divmod(indices, num_envs)
+    shard, column = jnp.divmod(env, envs_per_shard)
+    indices = (shard * num_steps + step) * envs_per_shard + column
 
     def loss_fn(params: PyTree, minibatch: Batch) -> tuple[Float[Array, ""], LossInfo]:
         if norm_adv:
@@ -104,16 +114,17 @@ def sharded_update(
     def local_update(
         params: PyTree, opt_state: PyTree, shard: Batch, indices: Int[Array, "EM mb"]
     ) -> tuple[PyTree, PyTree, LossInfo]:
+        shard = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), shard)
         shard = shard._replace(obs=eqx.combine(params, static).prepare(shard.obs))
         whole = jax.tree.map(lambda x: jax.lax.all_gather(x, axis, tiled=True), shard)
         own = jax.lax.dynamic_slice_in_dim(indices, jax.lax.axis_index(axis) * shard_size, shard_size, axis=1)
         return minibatch_steps(loss_fn, params, opt_state, whole, own, optimizer=optimizer, unroll=unroll)
 
-    replicated, split = PartitionSpec(), PartitionSpec(axis)
+    replicated = PartitionSpec()
     params, opt_state, infos = jax.shard_map(
         local_update,
         mesh=mesh,
-        in_specs=(replicated, replicated, split, replicated),
+        in_specs=(replicated, replicated, PartitionSpec(None, axis), replicated),
         out_specs=(replicated, replicated, replicated),
         # The gradient of the pmean-ed loss is the mean gradient only with replication tracked (see loss_fn).
         check_vma=True,

@@ -4,7 +4,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float, Int, PRNGKeyArray
 
 from ._types import EnvOutput, EpisodeStats, Observation, Transition
 from .envs import EnvStep
@@ -34,6 +34,21 @@ def update_episode_stats(stats: EpisodeStats, out: EnvOutput) -> EpisodeStats:
     )
 
 
+def sample_actions(
+    key: PRNGKeyArray, logits: Float[Array, "N A"], *, first_env: int = 0, total_envs: int | None = None
+) -> Int[Array, " N"]:
+    """One action per row of ``logits``, as ``jax.random.categorical(key, logits)``.
+
+    With ``total_envs``, the rows are rows ``first_env ..`` of a ``[total_envs, A]`` batch, and each gets the
+    action that ``categorical`` (Gumbel-max) draws for that row of the whole batch.
+    """
+    if total_envs is None:
+        return jax.random.categorical(key, logits).astype(jnp.int32)
+    gumbel = jax.random.gumbel(key, (total_envs, logits.shape[-1]), logits.dtype)
+    noise = jax.lax.dynamic_slice_in_dim(gumbel, first_env, logits.shape[0])
+    return jnp.argmax(logits + noise, axis=-1).astype(jnp.int32)
+
+
 class RolloutCarry(NamedTuple):
     """What one rollout hands the next: the EnvPool handle, the current observation, episode statistics."""
 
@@ -49,16 +64,20 @@ def rollout(
     *,
     num_steps: int,
     key: PRNGKeyArray,
+    first_env: int = 0,
+    total_envs: int | None = None,
 ) -> tuple[RolloutCarry, Transition, Float[Array, " N"]]:
     """Act ``num_steps`` times in every env with actions sampled from ``model``.
 
     Returns the carry after the last step, the time-major transitions and the value of the last
-    observation (GAE's bootstrap).
+    observation (GAE's bootstrap). With ``total_envs``, these N envs are envs ``first_env .. first_env + N - 1``
+    of a run of ``total_envs`` (one process's share of a multi-host run): they draw the actions that
+    those envs would draw in one rollout over all ``total_envs`` (``sample_actions``).
     """
 
     def step(carry: RolloutCarry, step_key: PRNGKeyArray) -> tuple[RolloutCarry, Transition]:
         logits, value = model(carry.obs)
-        action = jax.random.categorical(step_key, logits).astype(jnp.int32)
+        action = sample_actions(step_key, logits, first_env=first_env, total_envs=total_envs)
         logprob, _ = categorical_logprob_entropy(logits, action)
         handle, out = env_step(carry.handle, action)
         transition = Transition(carry.obs, action, logprob, value, out.reward, out.done)

@@ -23,7 +23,7 @@ import numpy as np
 import optax
 from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray, PyTree, Shaped, UInt32
 
-from ._types import Batch, EpisodeStats
+from ._types import Batch, EpisodeStats, LossInfo
 from .config import ConvImpl, PPOConfig
 from .envs import EnvSpec, EnvStep, make_env, seeds_env_step
 from .gae import compute_gae
@@ -145,6 +145,58 @@ def all_finite(tree: PyTree) -> Bool[Array, ""]:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
+def rollout_batch(
+    config: PPOConfig,
+    model: ActorCritic,
+    env_step: EnvStep,
+    carry: RolloutCarry,
+    *,
+    key: PRNGKeyArray,
+    first_env: int = 0,
+    total_envs: int | None = None,
+) -> tuple[RolloutCarry, Batch]:
+    """``config.num_steps`` steps of every env and their GAE: the time-major batch (``[T, N, ...]``) to learn from.
+
+    ``first_env`` and ``total_envs`` say which envs of a larger run these are (see ``rollout``).
+    """
+    carry, transitions, last_value = rollout(
+        model, env_step, carry, num_steps=config.num_steps, key=key, first_env=first_env, total_envs=total_envs
+    )
+    advantages, returns = compute_gae(
+        transitions.rewards,
+        transitions.values,
+        transitions.dones,
+        last_value,
+        gamma=config.gamma,
+        gae_lambda=config.gae_lambda,
+    )
+    t = transitions
+    return carry, Batch(t.obs, t.actions, t.logprobs, t.values, advantages, returns)
+
+
+def episode_metrics(stats: EpisodeStats) -> Metrics:
+    """CleanRL's ``episodic_return`` and ``episodic_length``: the mean over envs of each env's last finished
+    episode (NaN until one has finished)."""
+    finished = jnp.any(jnp.isfinite(stats.returned_episode_returns))
+    return {
+        "episodic_return": jnp.where(finished, jnp.nanmean(stats.returned_episode_returns), jnp.nan),
+        "episodic_length": jnp.where(finished, jnp.nanmean(stats.returned_episode_lengths), jnp.nan),
+    }
+
+
+def update_metrics(opt_state: PyTree, infos: LossInfo) -> Metrics:
+    """The learning rate after the update, the last minibatch step's losses, the mean clip fraction."""
+    return {
+        "learning_rate": current_learning_rate(opt_state),
+        "loss": infos.loss[-1],
+        "policy_loss": infos.policy_loss[-1],
+        "value_loss": infos.value_loss[-1],
+        "entropy": infos.entropy[-1],
+        "approx_kl": infos.approx_kl[-1],
+        "clip_fraction": infos.clip_fraction.mean(),
+    }
+
+
 def make_iteration(
     config: PPOConfig, env_step: EnvStep, optimizer: optax.GradientTransformation
 ) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
@@ -163,30 +215,11 @@ def make_iteration(
 
     def iteration(state: TrainState) -> tuple[TrainState, Metrics]:
         key, rollout_key, update_key = jax.random.split(state.key, 3)
-        carry, transitions, last_value = rollout(
-            state.model, env_step, state.carry, num_steps=config.num_steps, key=rollout_key
-        )
-        advantages, returns = compute_gae(
-            transitions.rewards,
-            transitions.values,
-            transitions.dones,
-            last_value,
-            gamma=config.gamma,
-            gae_lambda=config.gae_lambda,
-        )
-        flat = lambda x: x.reshape((-1,) + x.shape[2:])  # noqa: E731
-        batch = Batch(
-            flat(transitions.obs),
-            flat(transitions.actions),
-            flat(transitions.logprobs),
-            flat(transitions.values),
-            flat(advantages),
-            flat(returns),
-        )
+        carry, batch = rollout_batch(config, state.model, env_step, state.carry, key=rollout_key)
         model, opt_state, infos = update(
             state.model,
             state.opt_state,
-            batch,
+            jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), batch),
             optimizer=optimizer,
             num_minibatches=config.num_minibatches,
             update_epochs=config.update_epochs,
@@ -198,20 +231,7 @@ def make_iteration(
             unroll=config.minibatch_unroll,
             key=update_key,
         )
-        stats = carry.stats
-        finished = jnp.isfinite(stats.returned_episode_returns)
-        any_finished = jnp.any(finished)
-        metrics = {
-            "episodic_return": jnp.where(any_finished, jnp.nanmean(stats.returned_episode_returns), jnp.nan),
-            "episodic_length": jnp.where(any_finished, jnp.nanmean(stats.returned_episode_lengths), jnp.nan),
-            "learning_rate": current_learning_rate(opt_state),
-            "loss": infos.loss[-1],
-            "policy_loss": infos.policy_loss[-1],
-            "value_loss": infos.value_loss[-1],
-            "entropy": infos.entropy[-1],
-            "approx_kl": infos.approx_kl[-1],
-            "clip_fraction": infos.clip_fraction.mean(),
-        }
+        metrics = {**episode_metrics(carry.stats), **update_metrics(opt_state, infos)}
         return TrainState(model, opt_state, carry, key, state.iteration + 1), metrics
 
     return iteration
@@ -272,17 +292,19 @@ class Trainer:
         self.optimizer = make_optimizer(config)
         start = 0 if restore is None else int(restore.iteration)
         self.spec, self._segment = self._make_envs(start)
-        segment = self._segment
-        state = init_train_state(config, self.spec, segment.handle, segment.first_obs, self.optimizer)
-        if restore is not None:
-            carry = RolloutCarry(segment.handle, agent_obs(config, segment.first_obs), fresh_episodes(restore.stats))
-            state = TrainState(restore.model, restore.opt_state, carry, restore.key, restore.iteration)
-        self.state = state
+        self.state = self._initial_state(restore)
         # The state's shapes and dtypes in arrays that are never donated: later segments compile against it.
-        self._example = jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_array(x) else x, state)
+        self._example = jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_array(x) else x, self.state)
         self._prefetch = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ppo-eqx-envs")
         self._next: concurrent.futures.Future[_Segment] | None = None
         self._prepare_after(start)
+
+    def _initial_state(self, restore: Checkpoint | None) -> TrainState:
+        config, segment = self.config, self._segment
+        if restore is None:
+            return init_train_state(config, self.spec, segment.handle, segment.first_obs, self.optimizer)
+        carry = RolloutCarry(segment.handle, agent_obs(config, segment.first_obs), fresh_episodes(restore.stats))
+        return TrainState(restore.model, restore.opt_state, carry, restore.key, restore.iteration)
 
     def _make_envs(self, start: int) -> tuple[EnvSpec, _Segment]:
         config = self.config

@@ -28,22 +28,28 @@ with install_import_hook("ppo_eqx", "beartype.beartype"):  # as pytest's --jaxty
     from ppo_eqx.parallel import make_mesh, replicate, shard_batch, sharded_update
 
 COEFS: dict[str, Any] = {"clip_coef": 0.1, "vf_coef": 0.5, "ent_coef": 0.01, "clip_vloss": True}
-CASES = {"mlp": ((4,), 2, 64), "cnn": ((4, 84, 84), 4, 32)}  # obs shape, actions, batch size
+CASES = {"mlp": ((4,), 2, (4, 16)), "cnn": ((4, 84, 84), 4, (4, 8))}  # obs shape, actions, [T, N]
 
 
-def make_batch(obs_shape: tuple[int, ...], num_actions: int, size: int, seed: int = 0) -> Batch:
+def make_batch(obs_shape: tuple[int, ...], num_actions: int, size: tuple[int, ...], seed: int = 0) -> Batch:
+    """A random batch of ``size`` transitions (``[T, N]``: time-major, as ``sharded_update`` takes it)."""
     rng = np.random.default_rng(seed)
     normal = lambda: rng.normal(size=size).astype(np.float32)  # noqa: E731
     if len(obs_shape) == 3:
-        obs = rng.integers(0, 256, (size, *obs_shape), dtype=np.uint8)
+        obs = rng.integers(0, 256, (*size, *obs_shape), dtype=np.uint8)
     else:
-        obs = rng.normal(size=(size, *obs_shape)).astype(np.float32)
+        obs = rng.normal(size=(*size, *obs_shape)).astype(np.float32)
     actions = rng.integers(0, num_actions, size).astype(np.int32)
     fields = (obs, actions, normal() * 0.1 - 0.7, normal(), normal() + 0.3, normal())
     return Batch(*(jnp.asarray(x) for x in fields))
 
 
-def run(case: str, *, process_rows: slice | None) -> dict[str, Any]:
+def flat(batch: Batch) -> Batch:
+    """A time-major ``[T, N, ...]`` batch as ``update`` takes it: ``[T*N, ...]``."""
+    return jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), batch)
+
+
+def run(case: str, *, process_envs: slice | None) -> dict[str, Any]:
     obs_shape, num_actions, size = CASES[case]
     model = ActorCritic(obs_shape, num_actions, key=jax.random.PRNGKey(0))
     optimizer = make_optimizer(PPOConfig(num_minibatches=2, update_epochs=2))
@@ -55,10 +61,10 @@ def run(case: str, *, process_rows: slice | None) -> dict[str, Any]:
     local = jax.local_devices()[0]
     on_local = lambda tree: jax.device_put(tree, local)  # noqa: E731
     reference = eqx.filter_jit(lambda m, o, b, k: update(m, o, b, **settings, key=k))
-    ref_model, _, ref_infos = reference(on_local(model), on_local(opt_state), on_local(batch), on_local(key))
+    ref_model, _, ref_infos = reference(on_local(model), on_local(opt_state), on_local(flat(batch)), on_local(key))
 
     mesh = make_mesh()
-    own = batch if process_rows is None else jax.tree.map(lambda x: x[process_rows], batch)
+    own = batch if process_envs is None else jax.tree.map(lambda x: x[:, process_envs], batch)
     sharded = eqx.filter_jit(lambda m, o, b, k: sharded_update(m, o, b, mesh=mesh, **settings, key=k))
     got_model, got_opt_state, got_infos = sharded(
         replicate(model, mesh), replicate(opt_state, mesh), shard_batch(own, mesh), replicate(key, mesh)
@@ -91,7 +97,7 @@ def main() -> None:
     mode = sys.argv[1]
     if mode == "devices":
         assert jax.device_count() == 2, jax.devices()
-        results = {**run("mlp", process_rows=None), **run("cnn", process_rows=None)}
+        results = {**run("mlp", process_envs=None), **run("cnn", process_envs=None)}
         np.savez(sys.argv[2], **results)
         return
     port, process_id, path = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -104,10 +110,10 @@ def main() -> None:
         shutdown_timeout_seconds=10,
     )
     assert jax.process_count() == 2 and jax.device_count() == 2 and jax.local_device_count() == 1, jax.devices()
-    # shard_batch concatenates the processes' rows in the mesh's device order.
+    # shard_batch puts the processes' envs side by side in the mesh's device order.
     position = [d.process_index for d in make_mesh().devices.flat].index(jax.process_index())
-    _, _, size = CASES["mlp"]
-    results = run("mlp", process_rows=slice(position * size // 2, (position + 1) * size // 2))
+    _, _, (_, num_envs) = CASES["mlp"]
+    results = run("mlp", process_envs=slice(position * num_envs // 2, (position + 1) * num_envs // 2))
     np.savez(path, **results)
     jax.distributed.shutdown()
 

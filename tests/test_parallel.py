@@ -22,7 +22,7 @@ import pytest
 from ppo_eqx import ActorCritic, PPOConfig, make_optimizer, update
 from ppo_eqx.parallel import make_mesh, replicate, shard_batch, sharded_update
 
-from .parallel_worker import COEFS, make_batch
+from .parallel_worker import COEFS, flat, make_batch
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = str(ROOT / "tests" / "parallel_worker.py")
@@ -57,10 +57,10 @@ def test_one_device_mesh_gives_the_plain_update():
     model = ActorCritic((4,), 2, key=jax.random.PRNGKey(0))
     optimizer = make_optimizer(PPOConfig(num_minibatches=2, update_epochs=2))
     opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
-    batch = make_batch((4,), 2, 32, seed=5)
+    batch = make_batch((4,), 2, (4, 8), seed=5)
     settings: dict[str, Any] = {"optimizer": optimizer, "num_minibatches": 2, "update_epochs": 2, **COEFS}
     mesh = make_mesh(jax.devices()[:1])
-    want, _, want_infos = eqx.filter_jit(update)(model, opt_state, batch, **settings, key=jax.random.PRNGKey(1))
+    want, _, want_infos = eqx.filter_jit(update)(model, opt_state, flat(batch), **settings, key=jax.random.PRNGKey(1))
     got, _, got_infos = eqx.filter_jit(sharded_update)(
         replicate(model, mesh),
         replicate(opt_state, mesh),
@@ -79,11 +79,11 @@ def test_minibatch_must_split_evenly_over_the_devices():
     model = ActorCritic((4,), 2, key=jax.random.PRNGKey(0))
     optimizer = make_optimizer(PPOConfig())
     mesh = make_mesh(jax.devices()[:1] * 3)  # only its shape counts: the check comes before anything runs
-    with pytest.raises(ValueError, match="not a multiple of the 3 devices"):
+    with pytest.raises(ValueError, match="is not a multiple of the 3 devices"):
         sharded_update(
             model,
             optimizer.init(eqx.filter(model, eqx.is_array)),
-            make_batch((4,), 2, 20),
+            make_batch((4,), 2, (2, 10)),
             mesh=mesh,
             optimizer=optimizer,
             num_minibatches=2,

@@ -3,9 +3,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ppo_eqx import ActorCritic, RolloutCarry, init_episode_stats, rollout
 from ppo_eqx.networks import MLP
+from ppo_eqx.rollout import sample_actions
 
 from .fake_env import counting_env
 
@@ -60,3 +63,20 @@ def test_actions_follow_the_policy():
         model, env_step, RolloutCarry(handle, obs, init_episode_stats(4)), num_steps=8, key=jax.random.PRNGKey(0)
     )
     np.testing.assert_array_equal(transitions.actions, 2)
+
+
+@settings(deadline=None, max_examples=20)
+@given(seed=st.integers(0, 2**31 - 1), parts=st.sampled_from([1, 2, 4]))
+def test_a_share_of_the_envs_draws_what_one_rollout_over_all_draws(seed, parts):
+    """A process holding envs [first, first + n) of N samples their actions of the whole N-env draw."""
+    total, num_actions = 8, 5
+    key, logits_key = jax.random.split(jax.random.PRNGKey(seed))
+    logits = 3.0 * jax.random.normal(logits_key, (total, num_actions))
+    whole = np.asarray(jax.random.categorical(key, logits))
+    share = total // parts
+    pieces = [
+        sample_actions(key, logits[first : first + share], first_env=first, total_envs=total)
+        for first in range(0, total, share)
+    ]
+    np.testing.assert_array_equal(np.concatenate(pieces), whole)
+    assert np.asarray(sample_actions(key, logits)).dtype == np.int32
