@@ -9,6 +9,7 @@ import math
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,6 +81,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard event files")
     train.add_argument("--no-progress", action="store_true", help="print one line per iteration, no progress bar")
+    parallel = train.add_argument_group(
+        "devices and hosts",
+        "Data parallelism: each minibatch is split over the devices, the gradients averaged; the envs are split "
+        "over the processes, each with its own EnvPool. The run computes what one device computes, up to the "
+        "order of floating-point sums (see README). Process 0 writes the run directory; every process reads "
+        "--resume's.",
+    )
+    parallel.add_argument(
+        "--devices",
+        type=int,
+        default=None,
+        metavar="K",
+        help="devices of this process to train on (default: 1; with several processes, all of them)",
+    )
+    parallel.add_argument(
+        "--distributed",
+        action="store_true",
+        help="join a multi-process run through jax.distributed.initialize(), which reads Slurm's (and other "
+        "cluster managers') environment; the three flags below give the peers explicitly instead",
+    )
+    parallel.add_argument("--coordinator-address", default=None, metavar="HOST:PORT", help="process 0's address")
+    parallel.add_argument("--num-processes", type=int, default=None, metavar="P", help="processes in the run")
+    parallel.add_argument("--process-id", type=int, default=None, metavar="I", help="this process, 0 .. P-1")
     train.add_argument("--track", action="store_true", help="log to Weights & Biases (needs `pip install wandb`)")
     train.add_argument("--wandb-project-name", default="cleanRL", help="W&B project (default: cleanRL)")
     train.add_argument("--wandb-entity", default=None, help="W&B entity (team or user)")
@@ -123,10 +147,9 @@ directories below it (seedK/) are the runs that readers of run directories (benc
 
 
 def _check_writable(run_dir: Path) -> None:
-    try:
-        probe = run_dir / ".write-test"
-        probe.write_text("")
-        probe.unlink()
+    try:  # a probe of its own: the processes of a multi-host run may check one directory at once
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-test"):
+            pass
     except OSError as error:
         raise UsageError(f"--run-dir {run_dir} is not writable: {error.strerror}") from None
 
@@ -235,6 +258,60 @@ def _start_wandb(args: argparse.Namespace, run_dir: Path, config: PPOConfig) -> 
     return start_wandb(run_dir, config, project=args.wandb_project_name, entity=args.wandb_entity)
 
 
+def _any_process(flag: bool) -> bool:
+    from .parallel import any_process
+
+    return any_process(flag)
+
+
+def _start_processes(args: argparse.Namespace) -> Any:
+    """Join the multi-process run that the flags ask for, and return the device mesh to train on (None: one
+    device, the plain Trainer). Runs before anything else touches jax."""
+    import jax
+
+    explicit = {
+        "--coordinator-address": args.coordinator_address,
+        "--num-processes": args.num_processes,
+        "--process-id": args.process_id,
+    }
+    given = [flag for flag, value in explicit.items() if value is not None]
+    if args.devices is not None and args.devices < 1:
+        raise UsageError(f"--devices {args.devices} must be at least 1")
+    if given and len(given) < len(explicit):
+        missing = ", ".join(flag for flag in explicit if flag not in given)
+        raise UsageError(f"{', '.join(given)} needs {missing} too (or --distributed alone, under Slurm)")
+    processes: int = args.num_processes or 0
+    if given and processes < 1:
+        raise UsageError(f"--num-processes {processes} must be at least 1")
+    if given and not 0 <= args.process_id < processes:
+        raise UsageError(f"--process-id {args.process_id} must be in 0 .. {processes - 1}")
+    if args.distributed or given:
+        local_ids = None if args.devices is None else list(range(args.devices))
+        try:
+            jax.distributed.initialize(
+                coordinator_address=args.coordinator_address,
+                num_processes=args.num_processes,
+                process_id=args.process_id,
+                local_device_ids=local_ids,
+            )
+        except (RuntimeError, ValueError) as error:
+            raise RunError(f"could not join the distributed run: {str(error).splitlines()[0]}") from None
+    if jax.process_count() == 1 and (args.devices or 1) == 1:
+        return None
+    from .parallel import make_mesh
+
+    if jax.process_count() > 1:
+        return make_mesh()
+    available, devices = jax.local_devices(), args.devices or 1
+    if devices > len(available):
+        hint = f"; on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={args.devices}"
+        raise UsageError(
+            f"--devices {args.devices}: jax sees {len(available)} {available[0].platform} device(s)"
+            f"{hint if available[0].platform == 'cpu' else ''}"
+        )
+    return make_mesh(available[:devices])
+
+
 def train_command(args: argparse.Namespace) -> int:
     import jax
     from tqdm import tqdm
@@ -248,6 +325,14 @@ def train_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--keep-checkpoints {args.keep_checkpoints} must be at least 1")
     if args.track:
         _require("wandb", "--track needs Weights & Biases: pip install wandb")
+    mesh = _start_processes(args)
+    # With several processes, process 0 writes the run directory and prints; all of them train.
+    writes = jax.process_index() == 0
+
+    def say(line: str) -> None:
+        if writes:
+            print(line, flush=True)
+
     resume_dir: Path | None = args.resume
     resume = _load_resume(args) if resume_dir is not None else None
     if resume is not None and resume_dir is not None:
@@ -261,30 +346,37 @@ def train_command(args: argparse.Namespace) -> int:
             raise UsageError(f"--track logs one run; {run_dir} trains {config.num_seeds} seeds")
         agent_dirs = _agent_dirs(run_dir, config)
         kept = 0
-        for agent_dir in agent_dirs:
+        for agent_dir in agent_dirs if writes else []:
             kept = truncate_metrics(agent_dir / "metrics.jsonl", start_iteration)
             (agent_dir / "summary.json").unlink(missing_ok=True)
-        print(f"ppo-eqx: resuming {run_dir} from {resume.path.name} ({kept} rows of metrics kept)", flush=True)
+        say(f"ppo-eqx: resuming {run_dir} from {resume.path.name} ({kept} rows of metrics kept)")
     else:
         config = config_from_args(args)
         if args.track and config.num_seeds > 1:
             raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds}")
         run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
         agent_dirs = _agent_dirs(run_dir, config)
-        _prepare_run_dir(run_dir, args.overwrite)
-        if config.num_seeds > 1:
+        if mesh is not None:
+            from .parallel import check_mesh_config
+
+            check_mesh_config(config, mesh)
+        if writes:
+            _prepare_run_dir(run_dir, args.overwrite)
+        if config.num_seeds > 1 and writes:
             for agent_dir in agent_dirs:
                 _prepare_run_dir(agent_dir, args.overwrite)
             write_json(run_dir / SEEDS_CONFIG, config.to_dict())
         start_iteration = 0
 
-    print(
+    devices = "" if mesh is None else f" ({mesh.size} devices, {jax.process_count()} processes)"
+    say(
         f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps"
         f"{f' x {config.num_seeds} seeds' if config.num_seeds > 1 else ''}, "
-        f"run directory {run_dir}, jax {jax.__version__} on {jax.default_backend()}",
-        flush=True,
+        f"run directory {run_dir}, jax {jax.__version__} on {jax.default_backend()}{devices}"
     )
     hardware = hardware_info()
+    if mesh is not None:
+        hardware["mesh"] = {"devices": mesh.size, "processes": jax.process_count()}
     writers = [
         RunWriter(
             agent_dir,
@@ -295,6 +387,7 @@ def train_command(args: argparse.Namespace) -> int:
             wandb_run=_start_wandb(args, run_dir, config) if config.num_seeds == 1 else None,
         )
         for agent_dir, agent in zip(agent_dirs, config.agent_configs(), strict=True)
+        if writes
     ]
     stop = _StopRequest()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -303,25 +396,34 @@ def train_command(args: argparse.Namespace) -> int:
     try:
         start = time.perf_counter()
         time_offset = 0.0 if resume is None else float(resume.metadata.get("time_elapsed", 0.0))
-        trainer = Trainer(config, restore=None if resume is None else resume.checkpoint)
+        restore = None if resume is None else resume.checkpoint
+        if mesh is None:
+            trainer = Trainer(config, restore=restore)
+        else:
+            from .parallel import MeshTrainer
+
+            trainer = MeshTrainer(config, mesh=mesh, restore=restore)
         compile_seconds = trainer.compile()
-        print(f"ppo-eqx: compiled one iteration in {compile_seconds:.1f} s", flush=True)
+        say(f"ppo-eqx: compiled one iteration in {compile_seconds:.1f} s")
         bar = tqdm(
             total=config.num_iterations * config.batch_size,
             initial=start_iteration * config.batch_size,
             unit="step",
             unit_scale=True,
-            disable=args.no_progress,
+            disable=args.no_progress or not writes,
             dynamic_ncols=True,
             mininterval=1.0,
         )
 
-        def save(iteration: int, reason: str, elapsed: float) -> Path:
+        def save(iteration: int, reason: str, elapsed: float) -> Path | None:
             assert trainer is not None
+            checkpoint = trainer.checkpoint()  # collective: every process takes part
+            if not writes:
+                return None
             try:
                 return save_checkpoint(
                     run_dir,
-                    trainer.checkpoint(),
+                    checkpoint,
                     config,
                     trainer.spec,
                     keep=args.keep_checkpoints,
@@ -343,13 +445,14 @@ def train_command(args: argparse.Namespace) -> int:
             except StopIteration:
                 break
             except NonFiniteError as error:
-                for writer, failed in zip(writers, error.records, strict=True):
+                for writer, failed in zip(writers, error.records, strict=bool(writers)):
                     failed["time_elapsed"] = time.perf_counter() - start + time_offset
                     writer.write(failed)
                 kept = f"the last good checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint was kept"
                 raise FloatingPointError(f"{error}; {kept}") from None
-            for writer, record in zip(writers, records, strict=True):
+            for record in records:
                 record["time_elapsed"] = time.perf_counter() - start + time_offset
+            for writer, record in zip(writers, records, strict=bool(writers)):
                 writer.write(record)
             record = records[0]
             # Progress counts every agent's steps; the return shown is the mean over agents.
@@ -357,7 +460,7 @@ def train_command(args: argparse.Namespace) -> int:
             bar.update(config.batch_size)
             bar.set_postfix(sps=f"{record['sps'] * config.num_seeds:.0f}", ret=f"{episodic_return:.1f}")
             iteration = record["iteration"]
-            if args.no_progress:
+            if args.no_progress and writes:
                 left = (config.num_iterations - iteration) * config.batch_size / record["sps"]
                 print(
                     f"step {record['global_step']} sps {record['sps'] * config.num_seeds:.0f} episodic_return "
@@ -365,6 +468,8 @@ def train_command(args: argparse.Namespace) -> int:
                     flush=True,
                 )
             boundary = iteration % config.checkpoint_every == 0 or iteration == config.num_iterations
+            if mesh is not None and _any_process(stop.signal is not None):  # all processes stop together
+                stop.signal = stop.signal or "stop"
             if boundary or stop.signal:
                 reason = "periodic" if boundary else stop.signal or "stop"
                 last_checkpoint = save(iteration, reason, record["time_elapsed"])
@@ -372,19 +477,20 @@ def train_command(args: argparse.Namespace) -> int:
                 break
         bar.close()
         if stop.signal:
+            if not writes:
+                return 130 if stop.signal == "SIGINT" else 143
             print(
                 f"ppo-eqx: stopped by {stop.signal} after iteration {record.get('iteration', start_iteration)}; "
                 f"checkpoint {last_checkpoint}; continue with: ppo-eqx train --resume {run_dir}",
                 file=sys.stderr,
             )
             return 130 if stop.signal == "SIGINT" else 143
-        for writer, agent_record in zip(writers, records, strict=True):
+        for writer, agent_record in zip(writers, records, strict=bool(writers)):
             writer.finish({key: agent_record.get(key) for key in ("global_step", "time_elapsed", "episodic_return")})
         seeds = f" x {config.num_seeds} seeds" if config.num_seeds > 1 else ""
-        print(
+        say(
             f"ppo-eqx: done, {record['global_step']} steps{seeds} in {record['time_elapsed']:.0f} s, "
-            f"episodic_return {_mean_return(records):.2f}",
-            flush=True,
+            f"episodic_return {_mean_return(records):.2f}"
         )
         return 0
     except KeyboardInterrupt:

@@ -7,20 +7,41 @@ optax step runs on every device, and the parameters and optimizer state stay rep
 several processes (``jax.distributed.initialize``): the code is the same, XLA's collectives cross hosts.
 """
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree, Shaped
 
 from ._types import Batch, LossInfo
+from .config import ConfigError, PPOConfig
+from .envs import EnvSpec, env_spec, make_env
 from .loss import model_loss, normalize_advantages
 from .networks import ActorCritic
-from .update import minibatch_indices, minibatch_steps
+from .rollout import RolloutCarry
+from .train import (
+    Checkpoint,
+    Metrics,
+    Trainer,
+    TrainState,
+    _Segment,
+    all_finite,
+    episode_metrics,
+    fresh_episodes,
+    init_agents,
+    init_checkpoint,
+    rollout_batch,
+    segment_env_seeds,
+    update_metrics,
+)
+from .update import make_optimizer, minibatch_indices, minibatch_steps
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None, *, axis_name: str = "data") -> Mesh:
@@ -130,3 +151,186 @@ def sharded_update(
         check_vma=True,
     )(params, opt_state, batch, indices)
     return eqx.combine(params, static), opt_state, infos
+
+
+def local(tree: PyTree) -> PyTree:
+    """This process's copy of a replicated tree: each global array's first addressable shard (no copy)."""
+    return jax.tree.map(lambda x: x.addressable_data(0) if isinstance(x, jax.Array) else x, tree)
+
+
+def gather_envs(x: Shaped[Array, "n ..."]) -> np.ndarray:
+    """Every process's per-env values, in process order: ``[n, ...]`` here -> ``[P*n, ...]`` (on the host)."""
+    if jax.process_count() == 1:
+        return np.asarray(x)
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def any_process(flag: bool) -> bool:
+    """True in every process when ``flag`` is True in any of them (one collective; free in one process)."""
+    if jax.process_count() == 1:
+        return flag
+    return bool(np.any(multihost_utils.process_allgather(np.asarray(flag))))
+
+
+def check_mesh_config(config: PPOConfig, mesh: Mesh) -> None:
+    """Raise ConfigError unless ``config`` can train on ``mesh`` (a ``MeshTrainer``'s checks, run early)."""
+    num_devices = mesh.size
+    if config.num_seeds != 1:
+        raise ConfigError(f"num_seeds={config.num_seeds} cannot train on a mesh of {num_devices} devices; allowed: 1")
+    if config.num_envs % num_devices or config.minibatch_size % num_devices:
+        raise ConfigError(
+            f"num_envs={config.num_envs} and the minibatch size {config.minibatch_size} must be multiples of the "
+            f"{num_devices} devices"
+        )
+
+
+class _MeshIteration:
+    """One data-parallel iteration: this process's rollout and GAE (compiled against its pool), then the
+    sharded update of the global batch. ``lower`` lowers the rollout part (the part bound to the pool)."""
+
+    def __init__(self, trainer: "MeshTrainer", collect: Callable[..., Any]):
+        self.trainer, self.collect = trainer, collect
+
+    def lower(self, state: TrainState) -> Any:
+        return self.collect.lower(local(state.model), state.carry, state.key)  # type: ignore[attr-defined]
+
+    def __call__(self, state: TrainState) -> tuple[TrainState, Metrics]:
+        trainer = self.trainer
+        carry, batch, key, update_key = self.collect(local(state.model), state.carry, state.key)
+        batch = shard_batch(batch, trainer.mesh)
+        model, opt_state, metrics = trainer.learn(
+            state.model, state.opt_state, batch, replicate(update_key, trainer.mesh)
+        )
+        metrics = {name: local(value) for name, value in metrics.items()}
+        stats = carry.stats._replace(
+            returned_episode_returns=gather_envs(carry.stats.returned_episode_returns),
+            returned_episode_lengths=gather_envs(carry.stats.returned_episode_lengths),
+        )
+        metrics.update(episode_metrics(stats))
+        return TrainState(model, opt_state, carry, key, state.iteration + 1), metrics
+
+
+class MeshTrainer(Trainer):
+    """``Trainer`` with data parallelism over ``mesh``, which may span several processes (hosts).
+
+    Each process steps its own EnvPool of ``num_envs / P`` envs: env i of the run (its seed as in the
+    one-process run) lives in the process whose devices come ``i // (num_envs / P)``-th in the mesh, and
+    draws the action it would draw there (``rollout``'s ``first_env``). Each process rolls out and computes
+    GAE for its envs on its first device; the update is ``sharded_update`` of the global ``[T, N]`` batch, so
+    the run computes what the one-device ``Trainer`` computes, up to the order of floating-point sums.
+
+    The model and optimizer state are global arrays replicated over ``mesh``; the carry, key and iteration
+    are the process's own (the key and iteration are the same everywhere). ``step``, ``checkpoint`` and
+    ``finite`` are collective: every process must call them, in the same order. ``checkpoint`` returns the
+    one-process run's checkpoint, the same in every process (write it from one).
+    """
+
+    def __init__(self, config: PPOConfig, *, mesh: Mesh, restore: Checkpoint | None = None):
+        config = config.validate()
+        self.mesh = mesh
+        check_mesh_config(config, mesh)
+        processes = jax.process_count()
+        order = [d.process_index for d in mesh.devices.flat]
+        positions = [i for i, p in enumerate(order) if p == jax.process_index()]
+        contiguous = positions == list(range(positions[0], positions[0] + len(positions)))
+        if not contiguous or len(positions) * processes != len(order):
+            raise ValueError("each process must hold an equal, contiguous block of the mesh's devices")
+        self.local_envs = config.num_envs // processes
+        self.first_env = positions[0] // len(positions) * self.local_envs
+        self.local_config = config.replace(num_envs=self.local_envs)
+        optimizer = make_optimizer(config)
+        params_static = eqx.partition(init_checkpoint(config, env_spec(config.env_id)).model, eqx.is_array)[1]
+
+        def learn(params: PyTree, opt_state: PyTree, batch: Batch, key: PRNGKeyArray) -> tuple[PyTree, PyTree, Metrics]:
+            model, opt_state, infos = sharded_update(
+                eqx.combine(params, params_static),
+                opt_state,
+                batch,
+                mesh=mesh,
+                optimizer=optimizer,
+                num_minibatches=config.num_minibatches,
+                update_epochs=config.update_epochs,
+                clip_coef=config.clip_coef,
+                vf_coef=config.vf_coef,
+                ent_coef=config.ent_coef,
+                norm_adv=config.norm_adv,
+                clip_vloss=config.clip_vloss,
+                unroll=config.minibatch_unroll,
+                key=key,
+            )
+            return eqx.filter(model, eqx.is_array), opt_state, update_metrics(opt_state, infos)
+
+        jitted = jax.jit(learn)
+
+        def learn_model(
+            model: ActorCritic, opt_state: PyTree, batch: Batch, key: Any
+        ) -> tuple[ActorCritic, PyTree, Metrics]:
+            params, opt_state, metrics = jitted(eqx.filter(model, eqx.is_array), opt_state, batch, key)
+            return eqx.combine(params, params_static), opt_state, metrics
+
+        self.learn = learn_model
+        self._learn_jit = jitted
+        super().__init__(config, restore=restore)
+
+    def _initial_state(self, restore: Checkpoint | None) -> TrainState:
+        segment, mesh = self._segment, self.mesh
+        model, opt_state, key, stats = init_agents(self.local_config, self.spec, self.optimizer)
+        if restore is not None:
+            own = slice(self.first_env, self.first_env + self.local_envs)
+            stats = fresh_episodes(jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[own]), restore.stats))
+            model, opt_state, key = restore.model, restore.opt_state, restore.key
+        carry = RolloutCarry(segment.handle, jnp.asarray(segment.first_obs), stats)
+        iteration = jnp.zeros((), jnp.int32) if restore is None else restore.iteration
+        return TrainState(replicate(model, mesh), replicate(opt_state, mesh), carry, key, iteration)
+
+    def _make_envs(self, start: int) -> tuple[EnvSpec, _Segment]:
+        config, local_config = self.config, self.local_config
+        seeds = segment_env_seeds(config.seed, start, config.num_envs)
+        if seeds is None:  # EnvPool's own seeding of the first segment (seed + i), made explicit
+            seeds = [config.seed + i for i in range(config.num_envs)]
+        own = seeds[self.first_env : self.first_env + self.local_envs]
+        spec, handle, env_step, pool, first_obs = make_env(local_config, env_seed=own)
+        total = config.num_envs
+
+        def collect(
+            model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray
+        ) -> tuple[RolloutCarry, Batch, PRNGKeyArray, PRNGKeyArray]:
+            key, rollout_key, update_key = jax.random.split(key, 3)
+            carry, batch = rollout_batch(
+                local_config, model, env_step, carry, key=rollout_key, first_env=self.first_env, total_envs=total
+            )
+            return carry, batch, key, update_key
+
+        collect = eqx.filter_jit(eqx.debug.assert_max_traces(collect, max_traces=1), donate="all-except-first")
+        iteration = _MeshIteration(self, collect)
+        return spec, _Segment(start, pool, jnp.asarray(handle), first_obs, iteration)  # type: ignore[arg-type]
+
+    def compile(self) -> float:
+        """Compile this process's rollout and the sharded update ahead of the first step; returns the seconds."""
+        start = time.perf_counter()
+        self._segment.iteration.lower(self.state).compile()  # type: ignore[attr-defined]
+        config, spec, mesh = self.config, self.spec, self.mesh
+        steps_envs = (config.num_steps, config.num_envs)
+        split = NamedSharding(mesh, PartitionSpec(None, mesh.axis_names[0]))
+        floats = jax.ShapeDtypeStruct(steps_envs, jnp.float32, sharding=split)
+        batch = Batch._make(  # the shapes, dtypes and shardings of the global batch, for lowering
+            [
+                jax.ShapeDtypeStruct(steps_envs + spec.obs_shape, spec.obs_dtype, sharding=split),
+                jax.ShapeDtypeStruct(steps_envs, jnp.int32, sharding=split),
+                *[floats] * 4,
+            ]
+        )
+        key = jax.ShapeDtypeStruct(
+            self.state.key.shape, self.state.key.dtype, sharding=NamedSharding(mesh, PartitionSpec())
+        )
+        params = eqx.filter(self.state.model, eqx.is_array)
+        self._learn_jit.lower(params, self.state.opt_state, batch, key).compile()
+        return time.perf_counter() - start
+
+    def checkpoint(self) -> Checkpoint:
+        state = self.state
+        stats = jax.tree.map(lambda x: jnp.asarray(gather_envs(x)), state.carry.stats)
+        return Checkpoint(local(state.model), local(state.opt_state), state.key, stats, state.iteration)
+
+    def finite(self) -> bool:
+        return bool(all_finite(local((self.state.model, self.state.opt_state))))

@@ -28,6 +28,13 @@ def error_line(capsys) -> str:
         (["train", "--conv-impl", "fft"], "argument --conv-impl: invalid choice: 'fft'"),
         (["train", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["fly"], "invalid choice: 'fly'"),
+        (["train", "--devices", "0"], "--devices 0 must be at least 1"),
+        (["train", "--devices", "64"], "--devices 64: jax sees 1 cpu device(s); on CPU set XLA_FLAGS="),
+        (["train", "--process-id", "0"], "--process-id needs --coordinator-address, --num-processes too"),
+        (
+            ["train", "--coordinator-address", "127.0.0.1:1", "--num-processes", "2", "--process-id", "2"],
+            "--process-id 2 must be in 0 .. 1",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):

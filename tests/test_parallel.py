@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 
 from ppo_eqx import ActorCritic, PPOConfig, make_optimizer, update
-from ppo_eqx.parallel import make_mesh, replicate, shard_batch, sharded_update
+from ppo_eqx.config import ConfigError
+from ppo_eqx.parallel import check_mesh_config, make_mesh, replicate, shard_batch, sharded_update
 
 from .parallel_worker import COEFS, flat, make_batch
 
@@ -144,3 +145,17 @@ def test_two_processes_give_the_one_process_update(tmp_path):
         np.testing.assert_array_equal(first[name], second[name], err_msg=name)
     assert any("/got/opt_state/" in name for name in first.files)
     assert_same_update(first, "mlp")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"num_envs": 3, "num_steps": 4, "num_minibatches": 1}, "num_envs=3 and the minibatch size 12 must be"),
+        ({"num_envs": 4, "num_steps": 3, "num_minibatches": 4}, "num_envs=4 and the minibatch size 3 must be"),
+        ({"num_seeds": 2}, "num_seeds=2 cannot train on a mesh of 2 devices"),
+    ],
+)
+def test_a_config_that_cannot_split_over_the_mesh_is_refused(changes, message):
+    mesh = make_mesh(jax.devices()[:1] * 2)  # only its shape counts
+    with pytest.raises(ConfigError, match=message):
+        check_mesh_config(PPOConfig(**changes).validate(), mesh)
