@@ -1,6 +1,5 @@
 """The PPO objective: ``ppo_loss`` on arrays, ``model_loss`` on a model and a batch."""
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
@@ -8,17 +7,9 @@ from ._types import Batch, LossInfo
 from .networks import ActorCritic
 
 
-def normalize_advantages(advantages: Float[Array, " B"], *, axis_name: str | None = None) -> Float[Array, " B"]:
-    """``(a - mean) / (std + 1e-8)`` over the minibatch (CleanRL's ``norm_adv``).
-
-    ``axis_name``: the minibatch is split in equal shards along this mapped axis (``shard_map``); the mean
-    and (population) standard deviation are then those of the whole minibatch, taken with ``pmean``.
-    """
-    if axis_name is None:
-        return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    mean = jax.lax.pmean(advantages.mean(), axis_name)
-    std = jnp.sqrt(jax.lax.pmean(jnp.mean((advantages - mean) ** 2), axis_name))
-    return (advantages - mean) / (std + 1e-8)
+def normalize_advantages(advantages: Float[Array, " B"]) -> Float[Array, " B"]:
+    """``(a - mean) / (std + 1e-8)`` over the minibatch (CleanRL's ``norm_adv``)."""
+    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
 
 def ppo_loss(

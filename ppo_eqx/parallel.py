@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.experimental import multihost_utils
+from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree, Shaped
 
@@ -93,8 +94,11 @@ def sharded_update(
     replicated (``replicate``). N and the minibatch size must be multiples of the number of devices.
 
     A minibatch draws its rows from the whole batch, so each device first gathers the whole batch (one
-    ``all_gather`` per call, of the observations already relaid out by ``model.prepare``) and then only
-    computes on its own rows of each minibatch: the data crosses devices once, the gradients once per step.
+    ``all_gather`` per call, of the observations already relaid out by ``model.prepare``). From it every
+    device standardises each minibatch's advantages with the whole minibatch's mean and standard deviation,
+    exactly as ``update`` does, and then computes the loss and its gradient on its own rows of each
+    minibatch only. One collective per step averages the gradients (the mean of the devices' equal-sized
+    shard means is the minibatch mean), one after the last step the loss diagnostics.
     """
     (axis,) = mesh.axis_names
     num_shards = mesh.shape[axis]
@@ -115,22 +119,20 @@ def sharded_update(
     indices = (shard * num_steps + step) * envs_per_shard + column
 
     def loss_fn(params: PyTree, minibatch: Batch) -> tuple[Float[Array, ""], LossInfo]:
-        if norm_adv:
-            minibatch = minibatch._replace(advantages=normalize_advantages(minibatch.advantages, axis_name=axis))
-        loss, info = model_loss(
+        return model_loss(
             eqx.combine(params, static),
             minibatch,
             clip_coef=clip_coef,
             vf_coef=vf_coef,
             ent_coef=ent_coef,
-            norm_adv=False,
+            norm_adv=False,  # done beforehand, with the whole minibatch's statistics
             clip_vloss=clip_vloss,
             prepared=True,
         )
-        # Every reduction in the loss is a mean over the minibatch, and the shards are equal in size: the
-        # mean of the devices' means is the minibatch mean. Its gradient (shard_map transposes the implicit
-        # broadcast of the replicated parameters to a psum) is then the mean of the devices' gradients.
-        return jax.lax.pmean(loss, axis), jax.tree.map(lambda x: jax.lax.pmean(x, axis), info)
+
+    def mean_over_devices(grads: PyTree) -> PyTree:
+        flat, unflatten = ravel_pytree(grads)
+        return unflatten(jax.lax.pmean(flat, axis))  # one all-reduce for all the gradients
 
     def local_update(
         params: PyTree, opt_state: PyTree, shard: Batch, indices: Int[Array, "EM mb"]
@@ -139,7 +141,25 @@ def sharded_update(
         shard = shard._replace(obs=eqx.combine(params, static).prepare(shard.obs))
         whole = jax.tree.map(lambda x: jax.lax.all_gather(x, axis, tiled=True), shard)
         own = jax.lax.dynamic_slice_in_dim(indices, jax.lax.axis_index(axis) * shard_size, shard_size, axis=1)
-        return minibatch_steps(loss_fn, params, opt_state, whole, own, optimizer=optimizer, unroll=unroll)
+        advantages = None
+        if norm_adv:
+            minibatches = jax.vmap(normalize_advantages)(jnp.take(whole.advantages, indices, axis=0))
+            advantages = jax.lax.dynamic_slice_in_dim(
+                minibatches, jax.lax.axis_index(axis) * shard_size, shard_size, axis=1
+            )
+        params, opt_state, infos = minibatch_steps(
+            loss_fn,
+            params,
+            opt_state,
+            whole,
+            own,
+            optimizer=optimizer,
+            unroll=unroll,
+            advantages=advantages,
+            reduce_grads=mean_over_devices,
+        )
+        stacked = jnp.stack(infos)  # the devices' shard means -> the minibatch means, in one all-reduce
+        return params, opt_state, LossInfo(*jax.lax.pmean(stacked, axis))
 
     replicated = PartitionSpec()
     params, opt_state, infos = jax.shard_map(
@@ -147,8 +167,9 @@ def sharded_update(
         mesh=mesh,
         in_specs=(replicated, replicated, PartitionSpec(None, axis), replicated),
         out_specs=(replicated, replicated, replicated),
-        # The gradient of the pmean-ed loss is the mean gradient only with replication tracked (see loss_fn).
-        check_vma=True,
+        # The gradients are averaged explicitly (mean_over_devices): no implicit reduction of the replicated
+        # parameters' cotangents; the results are the same on every device, as out_specs say.
+        check_vma=False,
     )(params, opt_state, batch, indices)
     return eqx.combine(params, static), opt_state, infos
 

@@ -59,18 +59,31 @@ def minibatch_steps(
     *,
     optimizer: optax.GradientTransformation,
     unroll: int = 1,
+    advantages: Float[Array, "EM mb"] | None = None,
+    reduce_grads: Callable[[PyTree], PyTree] | None = None,
 ) -> tuple[PyTree, PyTree, LossInfo]:
     """One optimizer step on ``loss_fn`` per row of ``indices`` (the rows of ``batch`` in that minibatch), in a
-    ``lax.scan`` with ``unroll``. Returns the parameters, optimizer state and every step's diagnostics."""
+    ``lax.scan`` with ``unroll``. Returns the parameters, optimizer state and every step's diagnostics.
 
-    def step(carry: tuple[PyTree, PyTree], index: Int[Array, " mb"]) -> tuple[tuple[PyTree, PyTree], LossInfo]:
+    ``advantages``, if given, replace each minibatch's own (row k's for step k); ``reduce_grads`` is applied
+    to the gradients before the optimizer step (the data-parallel update averages them across devices).
+    """
+
+    def step(
+        carry: tuple[PyTree, PyTree], xs: tuple[Int[Array, " mb"], Float[Array, " mb"] | None]
+    ) -> tuple[tuple[PyTree, PyTree], LossInfo]:
         params, opt_state = carry
+        index, step_advantages = xs
         minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0), batch)
+        if step_advantages is not None:
+            minibatch = minibatch._replace(advantages=step_advantages)
         (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, minibatch)
+        if reduce_grads is not None:
+            grads = reduce_grads(grads)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return (optax.apply_updates(params, updates), opt_state), info
 
-    (params, opt_state), infos = jax.lax.scan(step, (params, opt_state), indices, unroll=unroll)
+    (params, opt_state), infos = jax.lax.scan(step, (params, opt_state), (indices, advantages), unroll=unroll)
     return params, opt_state, infos
 
 
