@@ -106,6 +106,27 @@ def env_only_sps(
     return num_steps * num_envs / seconds
 
 
+def async_env_only_sps(env: Any, handle: Any, num_actions: int, num_steps: int, batch_size: int, repeats: int) -> float:
+    """``env_only_sps`` of an async pool (``make_async_env``): receives of ``batch_size`` envs, random actions sent."""
+    actions = jax.random.randint(jax.random.PRNGKey(0), (num_steps, batch_size), 0, num_actions, jnp.int32)
+
+    @jax.jit
+    def env_only(handle, actions):
+        def step(handle, action):
+            handle, env_ids, out = env.recv(handle)
+            return env.send(handle, env_ids, action), out.reward
+
+        return jax.lax.scan(step, handle, actions)
+
+    handle, _ = jax.block_until_ready(env_only(handle, actions))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        handle, _ = jax.block_until_ready(env_only(handle, actions))
+        times.append(time.perf_counter() - start)
+    return num_steps * batch_size / statistics.median(times)
+
+
 def model_flops(config: Any, spec: Any, optimizer: Any) -> dict[str, float]:
     """FLOPs of one PPO env step, counted by XLA's cost analysis of loop-free programs.
 

@@ -9,6 +9,10 @@ same run (see bench/microbench.py): the env-only rate, the float32 matmul rate a
 so the result is also given as a fraction of what this machine can do, and projected to a 10M-step run.
 
     python bench/train_speed.py --env-id Breakout-v5 --iterations 10 --json bench/results/train_speed.json
+
+With ``--async-batch-size R`` the loop steps EnvPool's async pool (``num_envs`` envs, R per receive; a batch
+is ``num_steps * R``), and the env-only ceiling is that pool's receive/send loop. ``cpu_s_per_1k_steps`` is
+the process's CPU time (all threads, EnvPool's included) over the timed iterations, per 1000 env steps.
 """
 
 import argparse
@@ -18,6 +22,7 @@ import time
 import jax
 from _common import (
     add_config_args,
+    async_env_only_sps,
     compute_limit_sps,
     config_from_args,
     device_memory_mib,
@@ -29,7 +34,7 @@ from _common import (
     write_results,
 )
 
-from ppo_eqx import Trainer, make_env
+from ppo_eqx import Trainer, make_async_env, make_env
 from ppo_eqx.train import run
 
 
@@ -43,6 +48,12 @@ def parse_args() -> argparse.Namespace:
         help="iterations run before timing (they also cover the background compile of the next env segment)",
     )
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations")
+    parser.add_argument(
+        "--async-batch-size",
+        type=int,
+        default=0,
+        help="EnvPool's async mode: envs per receive, a divisor of --num-envs below it (default: 0, synchronous)",
+    )
     return parser.parse_args()
 
 
@@ -50,7 +61,7 @@ def main() -> None:
     args = parse_args()
     total_iterations = args.warmup + args.iterations
     # CleanRL's hyperparameters; total_timesteps only sets the learning-rate annealing horizon.
-    config = config_from_args(args)
+    config = config_from_args(args, async_batch_size=args.async_batch_size)
 
     start = time.perf_counter()
     trainer = Trainer(config)
@@ -58,9 +69,10 @@ def main() -> None:
     compile_s = trainer.compile()
     rss_after_compile = peak_rss_mib()
 
-    records, rss_by_iteration = [], []
+    records, rss_by_iteration, cpu_times = [], [], [time.process_time()]
     for record in run(trainer, num_iterations=total_iterations):
         records.append(record)
+        cpu_times.append(time.process_time())
         rss_by_iteration.append(peak_rss_mib())
         print(
             f"# iteration {record['iteration']}: {record['sps']:.0f} steps/s, peak RSS {peak_rss_mib():.0f} MiB",
@@ -70,10 +82,15 @@ def main() -> None:
     timed_records = records[args.warmup :]
     step_times = [config.batch_size / r["sps"] for r in timed_records]
     loop_sps = config.batch_size * len(step_times) / sum(step_times)
+    cpu_s_per_1k_steps = (cpu_times[-1] - cpu_times[args.warmup]) / (config.batch_size * len(step_times)) * 1000
 
     # Ceilings in the same process, after the loop, on envs made the same way.
-    spec, handle, env_step, pool, _ = make_env(config)
-    env_sps = env_only_sps(env_step, handle, spec.num_actions, config.num_steps, config.num_envs, repeats=5)
+    if config.async_batch_size:
+        spec, handle, env, pool = make_async_env(config)
+        env_sps = async_env_only_sps(env, handle, spec.num_actions, config.num_steps, config.async_batch_size, 5)
+    else:
+        spec, handle, env_step, pool, _ = make_env(config)
+        env_sps = env_only_sps(env_step, handle, spec.num_actions, config.num_steps, config.num_envs, repeats=5)
     del pool
     ceilings = model_flops(config, spec, trainer.optimizer)
     ceilings.update(matmul_gflops=matmul_rate() / 1e9, env_only_sps=env_sps)
@@ -83,8 +100,10 @@ def main() -> None:
         {
             "env_id": config.env_id,
             "num_envs": config.num_envs,
+            "async_batch_size": config.async_batch_size,
             "num_steps": config.num_steps,
             "loop_sps": loop_sps,
+            "cpu_s_per_1k_steps": cpu_s_per_1k_steps,
             "median_sps": statistics.median(r["sps"] for r in timed_records),
             "env_only_sps": env_sps,
             "limit_sps": limit,

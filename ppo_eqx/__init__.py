@@ -1,5 +1,6 @@
 """ppo_eqx: CleanRL's PPO for EnvPool's XLA interface, as typed pure functions in JAX and Equinox."""
 
+from ._types import AsyncTransition as AsyncTransition
 from ._types import Batch as Batch
 from ._types import EnvOutput as EnvOutput
 from ._types import EpisodeStats as EpisodeStats
@@ -7,13 +8,18 @@ from ._types import LossInfo as LossInfo
 from ._types import Transition as Transition
 from .config import ConfigError as ConfigError
 from .config import PPOConfig as PPOConfig
+from .envs import AsyncEnv as AsyncEnv
 from .envs import EnvSpec as EnvSpec
+from .envs import make_async_env as make_async_env
 from .envs import make_env as make_env
 from .gae import compute_gae as compute_gae
+from .gae import compute_gae_by_env as compute_gae_by_env
 from .loss import model_loss as model_loss
 from .loss import ppo_loss as ppo_loss
 from .networks import ActorCritic as ActorCritic
+from .rollout import AsyncRolloutCarry as AsyncRolloutCarry
 from .rollout import RolloutCarry as RolloutCarry
+from .rollout import async_rollout as async_rollout
 from .rollout import init_episode_stats as init_episode_stats
 from .rollout import rollout as rollout
 from .train import Trainer as Trainer

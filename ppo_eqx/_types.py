@@ -1,6 +1,7 @@
 """Shape vocabulary and the small containers that flow between modules.
 
-Axes: ``T`` time, ``N`` envs, ``B`` minibatch, ``A`` actions, ``E`` epochs, ``M`` minibatches, ``S`` seeds.
+Axes: ``T`` time, ``N`` envs, ``B`` minibatch, ``A`` actions, ``E`` epochs, ``M`` minibatches, ``S`` seeds,
+``R`` the envs of one receive from an async pool (``async_batch_size`` of its ``N``).
 ``*obs`` stands for the observation shape of one env (``4 84 84`` for Atari frames).
 """
 
@@ -47,6 +48,24 @@ class Transition(NamedTuple):
     values: Float[Array, "T N"]
     rewards: Float[Array, "T N"]
     dones: Bool[Array, "T N"]
+
+
+class AsyncTransition(NamedTuple):
+    """One rollout of an async pool: at step ``t``, one transition of each of the ``R`` envs ``env_ids[t]``.
+
+    ``obs``, ``actions``, ``logprobs`` and ``values`` are those of the action that was sent to the env (perhaps
+    in the previous rollout); ``rewards`` and ``dones`` came back with its next observation, whose value
+    (under the model of this rollout) is ``next_values``.
+    """
+
+    obs: Shaped[Array, "T R *obs"]
+    actions: Int[Array, "T R"]
+    logprobs: Float[Array, "T R"]
+    values: Float[Array, "T R"]
+    rewards: Float[Array, "T R"]
+    dones: Bool[Array, "T R"]
+    next_values: Float[Array, "T R"]
+    env_ids: Int[Array, "T R"]
 
 
 class Batch(NamedTuple):

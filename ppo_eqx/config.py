@@ -51,10 +51,23 @@ class PPOConfig:
     num_seeds: int = 1
     """Independent agents trained in one program, with seeds ``seed`` .. ``seed + num_seeds - 1``: agent s is
     the run with seed ``seed + s`` (its own ``num_envs`` envs, model, optimizer and key)."""
+    async_batch_size: int = 0
+    """0 (the default): CleanRL's synchronous pool, every env steps at once. R > 0: EnvPool's async mode, a
+    deviation from CleanRL. The pool holds ``num_envs`` envs, each rollout step receives the R that finish
+    first, acts on them and sends their actions, while the others keep stepping; R must divide ``num_envs``
+    and be smaller. ``batch_size`` becomes ``num_steps * R`` (``num_envs=16, async_batch_size=8`` keeps the
+    Atari batch of 1024). The first transition of each env in a rollout holds the action that the previous
+    iteration's model chose (and its log-probability), which envs come back together depends on thread
+    timing (runs are not bit-reproducible), and episodes are cut at segment boundaries. For one seed only."""
 
     @property
     def batch_size(self) -> int:
-        return self.num_envs * self.num_steps
+        """Transitions per iteration: ``num_envs * num_steps``, or ``async_batch_size * num_steps`` when async."""
+        return (self.async_batch_size or self.num_envs) * self.num_steps
+
+    @property
+    def _batch_formula(self) -> str:
+        return "async_batch_size*num_steps" if self.async_batch_size else "num_envs*num_steps"
 
     @property
     def minibatch_size(self) -> int:
@@ -106,14 +119,15 @@ class PPOConfig:
         for name in ("clip_coef", "ent_coef", "vf_coef"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        self._validate_async()
         if self.batch_size % self.num_minibatches:
             raise ConfigError(
-                f"num_minibatches={self.num_minibatches} does not divide the batch of num_envs*num_steps="
+                f"num_minibatches={self.num_minibatches} does not divide the batch of {self._batch_formula}="
                 f"{self.batch_size}; allowed: a divisor of {self.batch_size}"
             )
         if self.total_timesteps < self.batch_size:
             raise ConfigError(
-                f"total_timesteps={self.total_timesteps} is smaller than one batch (num_envs*num_steps="
+                f"total_timesteps={self.total_timesteps} is smaller than one batch ({self._batch_formula}="
                 f"{self.batch_size})"
             )
         if self.conv_impl not in CONV_IMPLS:
@@ -121,6 +135,17 @@ class PPOConfig:
         if not isinstance(self.env_id, str) or not self.env_id:
             raise ConfigError(f"env_id={self.env_id!r} must be a non-empty EnvPool task id")
         return self
+
+    def _validate_async(self) -> None:
+        size = self.async_batch_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ConfigError(f"async_batch_size={size!r} must be 0 (off) or a positive integer")
+        if size and (size >= self.num_envs or self.num_envs % size):
+            raise ConfigError(
+                f"async_batch_size={size} must be 0 (off) or a divisor of num_envs={self.num_envs} smaller than it"
+            )
+        if size and self.num_seeds > 1:
+            raise ConfigError(f"async_batch_size={size} works with one seed only, not num_seeds={self.num_seeds}")
 
 
 # CleanRL's ppo.py defaults for vector-observation tasks (CartPole-v1 and friends): only what differs.

@@ -1,4 +1,5 @@
-"""The only module that imports envpool: make_env -> (spec, handle, env_step, first observation)."""
+"""The only module that imports envpool: make_env -> (spec, handle, env_step, first observation), and
+make_async_env for EnvPool's async mode (recv/send)."""
 
 import contextlib
 import functools
@@ -60,10 +61,14 @@ def _quiet_gymnasium() -> Iterator[None]:
         yield
 
 
-def _make_pool(env_id: str, num_envs: int, seed: int, env_seed: list[int] | None, render: bool) -> Any:
+def _make_pool(
+    env_id: str, num_envs: int, seed: int, env_seed: list[int] | None, render: bool, batch_size: int | None = None
+) -> Any:
     import envpool
 
     kwargs: dict[str, Any] = {"env_type": "gymnasium", "num_envs": num_envs, "seed": seed}
+    if batch_size is not None:
+        kwargs["batch_size"] = batch_size
     if env_seed is not None:
         kwargs["env_seed"] = env_seed
     if render:
@@ -102,29 +107,80 @@ def make_env(
     """
     check_env_id(config.env_id)
     pool = _make_pool(config.env_id, config.num_envs, config.seed, env_seed, render)
-    atari = is_atari(config.env_id)
-    with _quiet_gymnasium():
-        space, observation_space = pool.action_space, pool.observation_space
-    if not hasattr(space, "n"):
-        raise ConfigError(f"env_id={config.env_id!r} has a continuous action space; ppo_eqx needs discrete actions")
-    spec = EnvSpec(
-        config.env_id, tuple(observation_space.shape), np.dtype(observation_space.dtype), int(space.n), atari
-    )
+    spec = _pool_spec(config.env_id, pool)
     handle, _recv, _send, xla_step = pool.xla()
     first_obs, _ = pool.reset()
 
     def env_step(handle: Any, actions: Int[Array, " N"]) -> tuple[Any, EnvOutput]:
-        handle, (obs, reward, terminated, truncated, info) = xla_step(handle, actions)
-        done = jnp.logical_or(terminated, truncated)
-        if atari:
-            # info["terminated"] is the game over (all lives spent); info["reward"] the unclipped score.
-            game_over = jnp.logical_or(info["terminated"].astype(bool), truncated)
-            raw_reward = info["reward"].astype(jnp.float32)
-        else:
-            game_over, raw_reward = done, reward.astype(jnp.float32)
-        return handle, EnvOutput(obs, reward.astype(jnp.float32), done, raw_reward, game_over)
+        handle, timestep = xla_step(handle, actions)
+        return handle, _env_output(timestep, spec.is_atari)
 
     return spec, handle, env_step, pool, first_obs
+
+
+def _pool_spec(env_id: str, pool: Any) -> EnvSpec:
+    with _quiet_gymnasium():
+        space, observation_space = pool.action_space, pool.observation_space
+    if not hasattr(space, "n"):
+        raise ConfigError(f"env_id={env_id!r} has a continuous action space; ppo_eqx needs discrete actions")
+    shape, dtype = tuple(observation_space.shape), np.dtype(observation_space.dtype)
+    return EnvSpec(env_id, shape, dtype, int(space.n), is_atari(env_id))
+
+
+def _env_output(timestep: tuple[Any, ...], atari: bool) -> EnvOutput:
+    """EnvPool's gymnasium ``(obs, reward, terminated, truncated, info)`` as an EnvOutput."""
+    obs, reward, terminated, truncated, info = timestep
+    done = jnp.logical_or(terminated, truncated)
+    if atari:
+        # info["terminated"] is the game over (all lives spent); info["reward"] the unclipped score.
+        game_over = jnp.logical_or(info["terminated"].astype(bool), truncated)
+        raw_reward = info["reward"].astype(jnp.float32)
+    else:
+        game_over, raw_reward = done, reward.astype(jnp.float32)
+    return EnvOutput(obs, reward.astype(jnp.float32), done, raw_reward, game_over)
+
+
+EnvRecv = Callable[[Any], tuple[Any, Int[Array, " R"], EnvOutput]]
+"""``recv(handle) -> (handle, env_ids, EnvOutput)``: the next ``R`` envs to finish a step, in no fixed order."""
+EnvSend = Callable[[Any, Int[Array, " R"], Int[Array, " R"]], Any]
+"""``send(handle, env_ids, actions) -> handle``: start a step of each of the envs ``env_ids``."""
+
+
+class AsyncEnv(NamedTuple):
+    """EnvPool's async mode as two pure, jittable calls, the handle threaded through both.
+
+    Every env has one step under way at any time (a reset, at first): ``recv`` waits for ``R`` of them to
+    finish and ``send`` starts the next step of exactly those. The outputs of an env's first ``recv`` after
+    the pool was made are its reset (reward 0, not done).
+    """
+
+    recv: EnvRecv
+    send: EnvSend
+
+
+def make_async_env(config: PPOConfig, *, env_seed: list[int] | None = None) -> tuple[EnvSpec, Any, AsyncEnv, Any]:
+    """Make an async pool of ``config.num_envs`` envs that ``recv`` returns ``config.async_batch_size`` at a time.
+
+    Returns ``(spec, handle, env, pool)`` with every env's reset under way (EnvPool's ``async_reset``); the
+    pool is bound into the traced calls as in ``make_env``, and must stay alive while ``handle`` is used.
+    Which envs a ``recv`` returns depends on EnvPool's threads: runs are not bit-reproducible.
+    """
+    check_env_id(config.env_id)
+    pool = _make_pool(
+        config.env_id, config.num_envs, config.seed, env_seed, render=False, batch_size=config.async_batch_size
+    )
+    spec = _pool_spec(config.env_id, pool)
+    handle, xla_recv, xla_send, _step = pool.xla()
+    pool.async_reset()
+
+    def recv(handle: Any) -> tuple[Any, Int[Array, " R"], EnvOutput]:
+        handle, timestep = xla_recv(handle)
+        return handle, timestep[-1]["env_id"].astype(jnp.int32), _env_output(timestep, spec.is_atari)
+
+    def send(handle: Any, env_ids: Int[Array, " R"], actions: Int[Array, " R"]) -> Any:
+        return xla_send(handle, actions, env_ids)
+
+    return spec, handle, AsyncEnv(recv, send), pool
 
 
 def seeds_env_step(env_step: EnvStep, num_seeds: int) -> EnvStep:

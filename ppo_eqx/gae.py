@@ -2,7 +2,7 @@
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, ArrayLike, Bool, Float
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 
 def compute_gae(
@@ -31,4 +31,36 @@ def compute_gae(
 
     init = (jnp.zeros_like(last_value), last_value)
     _, advantages = jax.lax.scan(step, init, (rewards, values, not_done), reverse=True)
+    return advantages, advantages + values
+
+
+def compute_gae_by_env(
+    rewards: Float[Array, "T R"],
+    values: Float[Array, "T R"],
+    next_values: Float[Array, "T R"],
+    dones: Bool[Array, "T R"],
+    env_ids: Int[Array, "T R"],
+    *,
+    num_envs: int,
+    gamma: Float[ArrayLike, ""],
+    gae_lambda: Float[ArrayLike, ""],
+) -> tuple[Float[Array, "T R"], Float[Array, "T R"]]:
+    """``compute_gae`` for steps that each hold ``R`` transitions of any of ``num_envs`` envs (EnvPool's async mode).
+
+    Transition ``[t, i]`` is a step of env ``env_ids[t, i]`` (distinct within a step), ``next_values[t, i]`` the
+    value of the observation it led to. An env's transitions chain in the order of ``t``; the last one of each
+    env is bootstrapped from its own ``next_value``, as ``compute_gae`` bootstraps step ``T-1`` from
+    ``last_value``. Returns ``(advantages, returns)`` with ``returns = advantages + values``.
+    """
+    not_done = 1.0 - dones.astype(values.dtype)
+
+    def step(next_advantages, x):
+        reward, value, next_value, live, ids = x
+        delta = reward + gamma * next_value * live - value
+        # An env with no later transition in the rollout still holds the initial 0 here.
+        advantage = delta + gamma * gae_lambda * live * next_advantages[ids]
+        return next_advantages.at[ids].set(advantage), advantage
+
+    init = jnp.zeros((num_envs,), values.dtype)
+    _, advantages = jax.lax.scan(step, init, (rewards, values, next_values, not_done, env_ids), reverse=True)
     return advantages, advantages + values

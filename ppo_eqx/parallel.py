@@ -198,6 +198,10 @@ def check_mesh_config(config: PPOConfig, mesh: Mesh) -> None:
     num_devices = mesh.size
     if config.num_seeds != 1:
         raise ConfigError(f"num_seeds={config.num_seeds} cannot train on a mesh of {num_devices} devices; allowed: 1")
+    if config.async_batch_size:
+        raise ConfigError(
+            f"async_batch_size={config.async_batch_size} cannot train on a mesh of {num_devices} devices; allowed: 0"
+        )
     if config.num_envs % num_devices or config.minibatch_size % num_devices:
         raise ConfigError(
             f"num_envs={config.num_envs} and the minibatch size {config.minibatch_size} must be multiples of the "

@@ -1,13 +1,15 @@
-"""Collect ``num_steps`` transitions from ``N`` envs under ``jax.lax.scan``, with episode statistics."""
+"""Collect ``num_steps`` transitions from ``N`` envs under ``jax.lax.scan``, with episode statistics; or, from an
+async pool, ``num_steps`` receives of ``R`` of its envs each."""
 
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
-from ._types import EnvOutput, EpisodeStats, Observation, Transition
-from .envs import EnvStep
+from ._types import AsyncTransition, EnvOutput, EpisodeStats, Observation, Transition
+from .envs import AsyncEnv, EnvStep
 from .networks import ActorCritic, categorical_logprob_entropy
 
 
@@ -86,3 +88,136 @@ def rollout(
     carry, transitions = jax.lax.scan(step, carry, jax.random.split(key, num_steps))
     _, last_value = model(carry.obs)
     return carry, transitions, last_value
+
+
+def update_episode_stats_at(
+    stats: EpisodeStats, env_ids: Int[Array, " R"], out: EnvOutput, *, where: Bool[Array, " R"] | None = None
+) -> EpisodeStats:
+    """``update_episode_stats`` for the envs ``env_ids`` only (those that ``out`` is of; ``where`` them, if given)."""
+    own = EpisodeStats(*(x[env_ids] for x in stats))
+    updated = update_episode_stats(own, out)
+    if where is not None:
+        updated = EpisodeStats(*(jnp.where(where, new, old) for new, old in zip(updated, own, strict=True)))
+    return EpisodeStats(*(x.at[env_ids].set(new) for x, new in zip(stats, updated, strict=True)))
+
+
+class AsyncRolloutCarry(NamedTuple):
+    """What one async rollout hands the next: the handle, each env's pending step and episode statistics.
+
+    Env n's pending step is the one under way in the pool: the observation ``obs[n]`` that the policy acted on,
+    the action ``actions[n]`` that was sent, its log-probability and the value of ``obs[n]``; its reward comes
+    with the env's next receive.
+    """
+
+    handle: Any
+    obs: Observation
+    actions: Int[Array, " N"]
+    logprobs: Float[Array, " N"]
+    values: Float[Array, " N"]
+    stats: EpisodeStats
+
+
+def init_async_carry(
+    handle: Any, obs_shape: tuple[int, ...], obs_dtype: np.dtype, stats: EpisodeStats
+) -> AsyncRolloutCarry:
+    """The carry of a fresh async pool before ``prime_async``: zeros for the pending steps, as none is known."""
+    num_envs = stats.episode_returns.shape[0]
+    obs = jnp.zeros((num_envs, *obs_shape), obs_dtype)
+    # Distinct buffers, as in init_episode_stats: the iteration donates them.
+    logprobs, values = jnp.zeros((num_envs,), jnp.float32), jnp.zeros((num_envs,), jnp.float32)
+    return AsyncRolloutCarry(handle, obs, jnp.zeros((num_envs,), jnp.int32), logprobs, values, stats)
+
+
+def _act(
+    model: ActorCritic, obs: Observation, key: PRNGKeyArray
+) -> tuple[Int[Array, " R"], Float[Array, " R"], Float[Array, " R"]]:
+    logits, value = model(obs)
+    action = sample_actions(key, logits)
+    logprob, _ = categorical_logprob_entropy(logits, action)
+    return action, logprob, value
+
+
+def _pend(
+    carry: AsyncRolloutCarry,
+    handle: Any,
+    env_ids: Int[Array, " R"],
+    obs: Observation,
+    action: Int[Array, " R"],
+    logprob: Float[Array, " R"],
+    value: Float[Array, " R"],
+    stats: EpisodeStats,
+) -> AsyncRolloutCarry:
+    """The carry with the steps just sent to ``env_ids`` as their pending ones."""
+    return AsyncRolloutCarry(
+        handle,
+        carry.obs.at[env_ids].set(obs),
+        carry.actions.at[env_ids].set(action),
+        carry.logprobs.at[env_ids].set(logprob),
+        carry.values.at[env_ids].set(value),
+        stats,
+    )
+
+
+def prime_async(model: ActorCritic, env: AsyncEnv, carry: AsyncRolloutCarry, *, key: PRNGKeyArray) -> AsyncRolloutCarry:
+    """Give every env of a fresh async pool (``init_async_carry``) a pending step.
+
+    Receives, acts and sends until every env has come back from its reset once. EnvPool's threads finish in
+    any order, so an env can come back a second time before another's reset is received: the step it completes
+    then is not learned from (its reward still counts in the episode statistics).
+    """
+    num_envs = carry.actions.shape[0]
+
+    def waiting(loop: tuple[AsyncRolloutCarry, Bool[Array, " N"], PRNGKeyArray]) -> Bool[Array, ""]:
+        return ~jnp.all(loop[1])
+
+    def step(
+        loop: tuple[AsyncRolloutCarry, Bool[Array, " N"], PRNGKeyArray],
+    ) -> tuple[AsyncRolloutCarry, Bool[Array, " N"], PRNGKeyArray]:
+        carry, received, key = loop
+        key, act_key = jax.random.split(key)
+        handle, env_ids, out = env.recv(carry.handle)
+        action, logprob, value = _act(model, out.obs, act_key)
+        handle = env.send(handle, env_ids, action)
+        # An env's first receive is its reset, not a step of an episode.
+        stats = update_episode_stats_at(carry.stats, env_ids, out, where=received[env_ids])
+        carry = _pend(carry, handle, env_ids, out.obs, action, logprob, value, stats)
+        return carry, received.at[env_ids].set(True), key
+
+    carry, _, _ = jax.lax.while_loop(waiting, step, (carry, jnp.zeros((num_envs,), bool), key))
+    return carry
+
+
+def async_rollout(
+    model: ActorCritic,
+    env: AsyncEnv,
+    carry: AsyncRolloutCarry,
+    *,
+    num_steps: int,
+    key: PRNGKeyArray,
+) -> tuple[AsyncRolloutCarry, AsyncTransition]:
+    """Receive ``R`` envs ``num_steps`` times, completing each one's pending step, and send their next actions.
+
+    The carry must come from ``prime_async`` or a previous ``async_rollout``. Transition ``[t, i]`` is the
+    pending step of env ``env_ids[t, i]`` with the reward and done that came back, and the value (under
+    ``model``) of the observation that came with them as its ``next_values``: each transition carries its own
+    bootstrap (see ``compute_gae_by_env``).
+    """
+
+    def step(carry: AsyncRolloutCarry, step_key: PRNGKeyArray) -> tuple[AsyncRolloutCarry, AsyncTransition]:
+        handle, env_ids, out = env.recv(carry.handle)
+        action, logprob, value = _act(model, out.obs, step_key)
+        handle = env.send(handle, env_ids, action)
+        transition = AsyncTransition(
+            carry.obs[env_ids],
+            carry.actions[env_ids],
+            carry.logprobs[env_ids],
+            carry.values[env_ids],
+            out.reward,
+            out.done,
+            value,
+            env_ids,
+        )
+        stats = update_episode_stats_at(carry.stats, env_ids, out)
+        return _pend(carry, handle, env_ids, out.obs, action, logprob, value, stats), transition
+
+    return jax.lax.scan(step, carry, jax.random.split(key, num_steps))

@@ -8,6 +8,9 @@ With ``config.num_seeds`` S > 1 the program trains S independent agents, with se
 on one pool of ``S * num_envs`` envs: the model, optimizer state, key and episode statistics carry a leading
 ``S`` axis, the iteration is ``vmap``-ed over it, and agent s's envs are those of the single-seed run with
 seed ``seed + s``. Agent s computes what that run computes, up to the order in which XLA sums (see README).
+
+With ``config.async_batch_size`` R > 0 the pool is EnvPool's async one (``make_async_env``): each rollout step
+receives R envs, and each segment's pool is primed (``prime_async``) before its first iteration.
 """
 
 import concurrent.futures
@@ -25,10 +28,18 @@ from jaxtyping import Array, Bool, Float, Int, Key, PRNGKeyArray, PyTree, Shaped
 
 from ._types import Batch, EpisodeStats, LossInfo
 from .config import ConvImpl, PPOConfig
-from .envs import EnvSpec, EnvStep, make_env, seeds_env_step
-from .gae import compute_gae
+from .envs import AsyncEnv, EnvSpec, EnvStep, make_async_env, make_env, seeds_env_step
+from .gae import compute_gae, compute_gae_by_env
 from .networks import ActorCritic
-from .rollout import RolloutCarry, init_episode_stats, rollout
+from .rollout import (
+    AsyncRolloutCarry,
+    RolloutCarry,
+    async_rollout,
+    init_async_carry,
+    init_episode_stats,
+    prime_async,
+    rollout,
+)
 from .update import current_learning_rate, make_optimizer, update
 
 Metrics = dict[str, Float[Array, "*S"]]
@@ -42,7 +53,7 @@ class TrainState(eqx.Module):
 
     model: ActorCritic
     opt_state: PyTree
-    carry: RolloutCarry
+    carry: RolloutCarry | AsyncRolloutCarry
     key: AgentKeys
     iteration: Int[Array, ""]
 
@@ -174,6 +185,37 @@ def rollout_batch(
     return carry, Batch(t.obs, t.actions, t.logprobs, t.values, advantages, returns)
 
 
+def async_rollout_batch(
+    config: PPOConfig, model: ActorCritic, env: AsyncEnv, carry: AsyncRolloutCarry, *, key: PRNGKeyArray
+) -> tuple[AsyncRolloutCarry, Batch]:
+    """``rollout_batch`` of an async pool: ``config.num_steps`` receives of ``config.async_batch_size`` envs and
+    their GAE, env by env (``compute_gae_by_env``); the batch is ``[T, R, ...]``."""
+    carry, t = async_rollout(model, env, carry, num_steps=config.num_steps, key=key)
+    advantages, returns = compute_gae_by_env(
+        t.rewards,
+        t.values,
+        t.next_values,
+        t.dones,
+        t.env_ids,
+        num_envs=config.num_envs,
+        gamma=config.gamma,
+        gae_lambda=config.gae_lambda,
+    )
+    return carry, Batch(t.obs, t.actions, t.logprobs, t.values, advantages, returns)
+
+
+def make_prime(env: AsyncEnv) -> Callable[[TrainState], TrainState]:
+    """``prime_async`` of a fresh async pool (the state's carry from ``init_async_carry``) with the state's model;
+    the state's key is split for it."""
+
+    def prime(state: TrainState) -> TrainState:
+        key, prime_key = jax.random.split(state.key)
+        carry = prime_async(state.model, env, cast(AsyncRolloutCarry, state.carry), key=prime_key)
+        return TrainState(state.model, state.opt_state, carry, key, state.iteration)
+
+    return prime
+
+
 def episode_metrics(stats: EpisodeStats) -> Metrics:
     """CleanRL's ``episodic_return`` and ``episodic_length``: the mean over envs of each env's last finished
     episode (NaN until one has finished)."""
@@ -198,7 +240,7 @@ def update_metrics(opt_state: PyTree, infos: LossInfo) -> Metrics:
 
 
 def make_iteration(
-    config: PPOConfig, env_step: EnvStep, optimizer: optax.GradientTransformation
+    config: PPOConfig, env_step: EnvStep | AsyncEnv, optimizer: optax.GradientTransformation
 ) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
     """The pure PPO iteration: ``num_steps`` env steps, GAE, ``update_epochs`` epochs of minibatch steps.
 
@@ -209,13 +251,27 @@ def make_iteration(
     With ``config.num_seeds`` S > 1, ``env_step`` steps a pool of ``S * num_envs`` envs and the iteration is
     that of one agent ``vmap``-ed over S: the state's arrays carry a leading ``S`` axis except the env handle
     and the iteration counter, which are shared, and every metric is ``[S]``.
+
+    With ``config.async_batch_size`` R > 0, ``env_step`` is an async pool (``AsyncEnv``), already primed, and
+    the batch is ``num_steps`` receives of R envs (``async_rollout_batch``); the update and metrics are the same.
     """
+    if isinstance(env_step, AsyncEnv) != (config.async_batch_size > 0):
+        raise ValueError(
+            f"async_batch_size={config.async_batch_size} needs {'an' if config.async_batch_size else 'no'} AsyncEnv"
+        )
     if config.num_seeds > 1:
-        return _seeds_iteration(config, env_step, optimizer)
+        return _seeds_iteration(config, cast(EnvStep, env_step), optimizer)
+
+    def collect(
+        model: ActorCritic, carry: RolloutCarry | AsyncRolloutCarry, key: PRNGKeyArray
+    ) -> tuple[RolloutCarry | AsyncRolloutCarry, Batch]:
+        if isinstance(env_step, AsyncEnv):
+            return async_rollout_batch(config, model, env_step, cast(AsyncRolloutCarry, carry), key=key)
+        return rollout_batch(config, model, env_step, cast(RolloutCarry, carry), key=key)
 
     def iteration(state: TrainState) -> tuple[TrainState, Metrics]:
         key, rollout_key, update_key = jax.random.split(state.key, 3)
-        carry, batch = rollout_batch(config, state.model, env_step, state.carry, key=rollout_key)
+        carry, batch = collect(state.model, state.carry, rollout_key)
         model, opt_state, infos = update(
             state.model,
             state.opt_state,
@@ -256,8 +312,10 @@ class _Segment(NamedTuple):
     start: int
     pool: Any
     handle: Any
-    first_obs: np.ndarray
+    first_obs: np.ndarray | None
+    """The envs' first observations; None for an async pool, which ``prime`` starts instead."""
     iteration: Callable[[TrainState], tuple[TrainState, Metrics]]
+    prime: Callable[[TrainState], TrainState] | None = None
 
 
 class NonFiniteError(FloatingPointError):
@@ -284,7 +342,8 @@ class Trainer:
     statistics, with the envs of the segment that starts at its iteration. Call ``close()`` when done.
 
     With ``config.num_seeds`` S > 1 one pool holds the envs of all S agents (``pool_env_seeds``) and the state
-    is stacked over S (see ``make_iteration``).
+    is stacked over S (see ``make_iteration``). With ``config.async_batch_size`` > 0 each segment's pool is
+    async and is primed (``make_prime``, compiled with the iteration) with the model of the moment it starts.
     """
 
     def __init__(self, config: PPOConfig, *, restore: Checkpoint | None = None):
@@ -302,20 +361,39 @@ class Trainer:
     def _initial_state(self, restore: Checkpoint | None) -> TrainState:
         config, segment = self.config, self._segment
         if restore is None:
-            return init_train_state(config, self.spec, segment.handle, segment.first_obs, self.optimizer)
-        carry = RolloutCarry(segment.handle, agent_obs(config, segment.first_obs), fresh_episodes(restore.stats))
-        return TrainState(restore.model, restore.opt_state, carry, restore.key, restore.iteration)
+            model, opt_state, key, stats = init_agents(config, self.spec, self.optimizer)
+            restore = Checkpoint(model, opt_state, key, stats, jnp.zeros((), jnp.int32))
+        carry = self._fresh_carry(segment, fresh_episodes(restore.stats))
+        state = TrainState(restore.model, restore.opt_state, carry, restore.key, restore.iteration)
+        return state if segment.prime is None else segment.prime(state)
+
+    def _fresh_carry(self, segment: _Segment, stats: EpisodeStats) -> RolloutCarry | AsyncRolloutCarry:
+        """The carry of a segment's new envs: their first observations, or an async pool's carry to prime."""
+        if segment.first_obs is None:
+            return init_async_carry(segment.handle, self.spec.obs_shape, self.spec.obs_dtype, stats)
+        return RolloutCarry(segment.handle, agent_obs(self.config, segment.first_obs), stats)
 
     def _make_envs(self, start: int) -> tuple[EnvSpec, _Segment]:
         config = self.config
+        if config.async_batch_size:
+            return self._make_async_envs(start)
         pool_config = config.replace(num_envs=config.num_seeds * config.num_envs, num_seeds=1)
         spec, handle, env_step, pool, first_obs = make_env(pool_config, env_seed=pool_env_seeds(config, start))
         iteration = eqx.debug.assert_max_traces(make_iteration(config, env_step, self.optimizer), max_traces=1)
         return spec, _Segment(start, pool, jnp.asarray(handle), first_obs, eqx.filter_jit(iteration, donate="all"))
 
+    def _make_async_envs(self, start: int) -> tuple[EnvSpec, _Segment]:
+        spec, handle, env, pool = make_async_env(self.config, env_seed=pool_env_seeds(self.config, start))
+        iteration = eqx.debug.assert_max_traces(make_iteration(self.config, env, self.optimizer), max_traces=1)
+        prime = eqx.debug.assert_max_traces(make_prime(env), max_traces=1)
+        iteration, prime = eqx.filter_jit(iteration, donate="all"), eqx.filter_jit(prime, donate="all")
+        return spec, _Segment(start, pool, jnp.asarray(handle), None, iteration, prime)
+
     def _make_compiled_envs(self, start: int) -> _Segment:
         _, segment = self._make_envs(start)
         segment.iteration.lower(self._example).compile()  # type: ignore[attr-defined]
+        if segment.prime is not None:
+            segment.prime.lower(self._example).compile()  # type: ignore[attr-defined]
         return segment
 
     def _prepare_after(self, start: int) -> None:
@@ -345,9 +423,10 @@ class Trainer:
         if segment.start != iteration:
             raise RuntimeError(f"envs were prepared for iteration {segment.start}, not {iteration}")
         old, self._segment, self._next = self._segment, segment, None
-        first_obs = agent_obs(self.config, segment.first_obs)
-        carry = RolloutCarry(segment.handle, first_obs, fresh_episodes(self.state.carry.stats))
+        carry = self._fresh_carry(segment, fresh_episodes(self.state.carry.stats))
         self.state = eqx.tree_at(lambda s: s.carry, self.state, carry)
+        if segment.prime is not None:
+            self.state = segment.prime(self.state)
         old.pool.close()
         self._prepare_after(iteration)
 

@@ -41,6 +41,11 @@ def test_defaults_are_cleanrls():
         ({"conv_impl": "fft"}, "conv_impl='fft'"),
         ({"env_id": ""}, "env_id=''"),
         ({"checkpoint_every": 0}, "checkpoint_every=0 must be a positive integer"),
+        ({"async_batch_size": -1}, "async_batch_size=-1 must be 0 .off. or a positive integer"),
+        ({"async_batch_size": 3}, "async_batch_size=3 must be 0 .off. or a divisor of num_envs=8"),
+        ({"async_batch_size": 8}, "async_batch_size=8 must be 0 .off. or a divisor of num_envs=8 smaller"),
+        ({"async_batch_size": 4, "num_seeds": 2}, "async_batch_size=4 works with one seed only, not num_seeds=2"),
+        ({"async_batch_size": 4, "num_minibatches": 3}, "batch of async_batch_size.num_steps=512"),
     ],
 )
 def test_impossible_configs_are_rejected_with_the_value(changes, message):
@@ -61,3 +66,9 @@ def test_vector_tasks_get_cleanrls_ppo_py_preset():
     assert (config.total_timesteps, config.num_envs, config.clip_coef) == (500_000, 4, 0.2)
     # ppo_eqx's own: CartPole's iterations are short, so its envs are re-seeded (and recompiled) less often.
     assert (PPOConfig().checkpoint_every, config.checkpoint_every) == (200, 250)
+
+
+def test_an_async_batch_is_num_steps_receives_of_async_batch_size_envs():
+    config = PPOConfig(num_envs=16, async_batch_size=8).validate()
+    assert (config.batch_size, config.minibatch_size, config.num_iterations) == (1024, 256, 9765)
+    assert PPOConfig(num_envs=16).batch_size == 2048

@@ -7,10 +7,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ppo_eqx import compute_gae
+from ppo_eqx.gae import compute_gae_by_env
 
 from .strategies import TIME_ENV_SHAPES, bool_arrays, float_arrays, unit_interval
 
 gae: Any = jax.jit(compute_gae)  # jit's signature loses the keyword-only parameters
+gae_by_env: Any = jax.jit(compute_gae_by_env, static_argnames="num_envs")
 
 
 def reference_gae(rewards, values, dones, last_value, gamma, gae_lambda):
@@ -107,3 +109,98 @@ def test_hand_computed_case():
     )
     np.testing.assert_allclose(advantages[:, 0], [0.25, 1.0])
     np.testing.assert_allclose(returns[:, 0], [1.25, 3.0])
+
+
+def reference_gae_by_env(rewards, values, next_values, dones, env_ids, num_envs, gamma, gae_lambda):
+    """Each env's transitions picked out in order, then the textbook backward loop over them, in float64."""
+    advantages = np.zeros(rewards.shape)
+    for n in range(num_envs):
+        steps, slots = np.nonzero(env_ids == n)
+        next_advantage = 0.0
+        for t, i in reversed(list(zip(steps, slots, strict=True))):
+            live = 0.0 if dones[t, i] else 1.0
+            delta = rewards[t, i] + gamma * next_values[t, i] * live - values[t, i]
+            next_advantage = delta + gamma * gae_lambda * live * next_advantage
+            advantages[t, i] = next_advantage
+    return advantages, advantages + values
+
+
+ASYNC_SHAPES = [(1, 2, 4), (6, 2, 4), (16, 3, 6), (32, 1, 2)]
+"""(T, R, N): T steps of R of N envs each."""
+
+
+@st.composite
+def gae_by_env_inputs(draw):
+    steps, received, envs = draw(st.sampled_from(ASYNC_SHAPES))
+    seed = draw(st.integers(0, 2**32 - 1))
+    # Any R distinct envs at each step, as an async pool's receives (some envs may not appear at all).
+    rng = np.random.default_rng(seed)
+    env_ids = np.stack([rng.permutation(envs)[:received] for _ in range(steps)]).astype(np.int32)
+    return (
+        draw(float_arrays((steps, received))),
+        draw(float_arrays((steps, received))),
+        draw(float_arrays((steps, received))),
+        draw(bool_arrays((steps, received), draw(st.sampled_from([0.0, 0.1, 0.5])))),
+        env_ids,
+        envs,
+    )
+
+
+@given(gae_by_env_inputs(), unit_interval, unit_interval)
+def test_by_env_matches_reference_loop(inputs, gamma, gae_lambda):
+    rewards, values, next_values, dones, env_ids, envs = inputs
+    advantages, returns = gae_by_env(
+        *map(jnp.asarray, (rewards, values, next_values, dones, env_ids)),
+        num_envs=envs,
+        gamma=gamma,
+        gae_lambda=gae_lambda,
+    )
+    expected_advantages, expected_returns = reference_gae_by_env(*inputs, gamma=gamma, gae_lambda=gae_lambda)
+    np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(returns, expected_returns, rtol=1e-4, atol=1e-3)
+
+
+@given(gae_inputs(), unit_interval, unit_interval)
+def test_by_env_with_every_env_at_every_step_is_compute_gae(inputs, gamma, gae_lambda):
+    """A synchronous rollout seen as an async one: env n in slot n, its next value the one of the next step."""
+    rewards, values, dones, last_value = inputs
+    steps, envs = rewards.shape
+    next_values = np.concatenate([values[1:], last_value[None]], axis=0)
+    env_ids = np.broadcast_to(np.arange(envs, dtype=np.int32), (steps, envs))
+    advantages, returns = gae_by_env(
+        *map(jnp.asarray, (rewards, values, next_values, dones, env_ids)),
+        num_envs=envs,
+        gamma=gamma,
+        gae_lambda=gae_lambda,
+    )
+    expected_advantages, expected_returns = gae(*map(jnp.asarray, inputs), gamma=gamma, gae_lambda=gae_lambda)
+    np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(returns, expected_returns, rtol=1e-5, atol=1e-4)
+
+
+@given(gae_by_env_inputs(), unit_interval)
+def test_by_env_lambda_zero_gives_each_transitions_td_error(inputs, gamma):
+    rewards, values, next_values, dones, env_ids, envs = inputs
+    advantages, _ = gae_by_env(
+        *map(jnp.asarray, (rewards, values, next_values, dones, env_ids)), num_envs=envs, gamma=gamma, gae_lambda=0.0
+    )
+    td_error = rewards + gamma * next_values * (1.0 - dones) - values
+    np.testing.assert_allclose(advantages, td_error, rtol=1e-5, atol=1e-4)
+
+
+def test_by_env_hand_computed_case():
+    # Envs 0 and 1 take turns, then env 0 again; gamma=lambda=0.5, no dones. Env 0's last transition (t=2):
+    # A = 1 + 0.5*6 - 3 = 1; its first (t=0): delta = 0 + 0.5*3 - 1 = 0.5, A = 0.5 + 0.25*1 = 0.75.
+    # Env 1's only transition (t=1): A = 2 + 0.5*4 - 2 = 2.
+    advantages, returns = compute_gae_by_env(
+        jnp.array([[0.0], [2.0], [1.0]]),
+        jnp.array([[1.0], [2.0], [3.0]]),
+        jnp.array([[3.0], [4.0], [6.0]]),
+        jnp.zeros((3, 1), bool),
+        jnp.array([[0], [1], [0]]),
+        num_envs=2,
+        gamma=0.5,
+        gae_lambda=0.5,
+    )
+    np.testing.assert_allclose(advantages[:, 0], [0.75, 2.0, 1.0])
+    np.testing.assert_allclose(returns[:, 0], [1.75, 4.0, 4.0])

@@ -10,7 +10,7 @@ from ppo_eqx import PPOConfig, Trainer, make_iteration, make_optimizer
 from ppo_eqx.rollout import RolloutCarry, init_episode_stats
 from ppo_eqx.train import TrainState, run
 
-from .fake_env import counting_env
+from .fake_env import counting_async_env, counting_env
 
 CARTPOLE = PPOConfig(env_id="CartPole-v1", total_timesteps=4 * 512, num_envs=4, clip_coef=0.2)
 
@@ -71,3 +71,58 @@ def test_same_seed_same_metrics():
     first = metrics(3)
     assert first == metrics(3)
     assert first != metrics(4)
+
+
+def test_the_async_iteration_is_pure_and_runs_on_a_fake_pool():
+    config = PPOConfig(
+        env_id="fake",
+        total_timesteps=5 * 64,
+        num_envs=4,
+        async_batch_size=2,
+        num_steps=32,
+        num_minibatches=2,
+        update_epochs=2,
+    )
+    handle, env = counting_async_env(config.num_envs, config.async_batch_size)
+    optimizer = make_optimizer(config)
+    from ppo_eqx import ActorCritic
+    from ppo_eqx.rollout import init_async_carry
+    from ppo_eqx.train import make_prime
+
+    model = ActorCritic((4,), 3, key=jax.random.PRNGKey(0))
+    carry = init_async_carry(handle, (4,), np.dtype(np.float32), init_episode_stats(4))
+    state = TrainState(
+        model, optimizer.init(eqx.filter(model, eqx.is_array)), carry, jax.random.PRNGKey(1), jax.numpy.int32(0)
+    )
+    state = eqx.filter_jit(make_prime(env))(state)
+    iteration = eqx.filter_jit(make_iteration(config, env, optimizer))
+    first, metrics = iteration(state)
+    again, metrics_again = iteration(state)
+    assert jax.tree.all(
+        jax.tree.map(
+            lambda a, b: bool(np.array_equal(a, b)), eqx.filter(first, eqx.is_array), eqx.filter(again, eqx.is_array)
+        )
+    )
+    assert metrics == metrics_again
+    assert int(first.iteration) == 1
+    # 32 receives of 2 envs: 64 env steps in all, on top of the pending ones that priming sent.
+    assert int(first.carry.handle.counter.sum() - state.carry.handle.counter.sum()) == config.batch_size == 64
+    assert all(np.isfinite(float(metrics[name])) for name in ("loss", "value_loss", "entropy", "approx_kl"))
+    with pytest.raises(ValueError, match="async_batch_size=2 needs an AsyncEnv"):
+        make_iteration(config, counting_env(4)[2], optimizer)
+
+
+def test_an_async_trainer_primes_each_segment_of_cartpole_envs():
+    config = CARTPOLE.replace(num_envs=4, async_batch_size=2, total_timesteps=6 * 256, checkpoint_every=2)
+    trainer = Trainer(config)
+    try:
+        records = list(run(trainer))
+    finally:
+        trainer.close()
+    assert [r["global_step"] for r in records] == [256 * i for i in range(1, 7)]
+    for record in records:
+        for key in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):
+            assert math.isfinite(record[key]), key
+    # CartPole pays 1 a step, and nothing on the step that resets the env (counted in the next episode's length).
+    episode_return, length = records[-1]["episodic_return"], records[-1]["episodic_length"]
+    assert 8 <= length - 1 <= episode_return <= length <= 501
