@@ -41,6 +41,7 @@ from .train import (
     rollout_batch,
     segment_env_seeds,
     update_metrics,
+    update_settings,
 )
 from .update import make_optimizer, minibatch_indices, minibatch_steps
 
@@ -273,14 +274,7 @@ class MeshTrainer(Trainer):
                 batch,
                 mesh=mesh,
                 optimizer=optimizer,
-                num_minibatches=config.num_minibatches,
-                update_epochs=config.update_epochs,
-                clip_coef=config.clip_coef,
-                vf_coef=config.vf_coef,
-                ent_coef=config.ent_coef,
-                norm_adv=config.norm_adv,
-                clip_vloss=config.clip_vloss,
-                unroll=config.minibatch_unroll,
+                **update_settings(config),
                 key=key,
             )
             return eqx.filter(model, eqx.is_array), opt_state, update_metrics(opt_state, infos)

@@ -216,6 +216,20 @@ def make_prime(env: AsyncEnv) -> Callable[[TrainState], TrainState]:
     return prime
 
 
+def update_settings(config: PPOConfig) -> dict[str, Any]:
+    """The keyword arguments of ``update`` (and ``parallel.sharded_update``) that ``config`` sets."""
+    return {
+        "num_minibatches": config.num_minibatches,
+        "update_epochs": config.update_epochs,
+        "clip_coef": config.clip_coef,
+        "vf_coef": config.vf_coef,
+        "ent_coef": config.ent_coef,
+        "norm_adv": config.norm_adv,
+        "clip_vloss": config.clip_vloss,
+        "unroll": config.minibatch_unroll,
+    }
+
+
 def episode_metrics(stats: EpisodeStats) -> Metrics:
     """CleanRL's ``episodic_return`` and ``episodic_length``: the mean over envs of each env's last finished
     episode (NaN until one has finished)."""
@@ -277,14 +291,7 @@ def make_iteration(
             state.opt_state,
             jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), batch),
             optimizer=optimizer,
-            num_minibatches=config.num_minibatches,
-            update_epochs=config.update_epochs,
-            clip_coef=config.clip_coef,
-            vf_coef=config.vf_coef,
-            ent_coef=config.ent_coef,
-            norm_adv=config.norm_adv,
-            clip_vloss=config.clip_vloss,
-            unroll=config.minibatch_unroll,
+            **update_settings(config),
             key=update_key,
         )
         metrics = {**episode_metrics(carry.stats), **update_metrics(opt_state, infos)}
