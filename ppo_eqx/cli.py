@@ -360,8 +360,15 @@ def train_command(args: argparse.Namespace) -> int:
             from .parallel import check_mesh_config
 
             check_mesh_config(config, mesh)
+        refused: UsageError | None = None
         if writes:
-            _prepare_run_dir(run_dir, args.overwrite)
+            try:
+                _prepare_run_dir(run_dir, args.overwrite)
+            except UsageError as error:
+                refused = error
+        # The other processes must not start training (and wait on process 0) when it refused the directory.
+        if mesh is not None and _any_process(refused is not None):
+            raise refused or RunError(f"process 0 refused --run-dir {run_dir}; its output says why")
         if config.num_seeds > 1 and writes:
             for agent_dir in agent_dirs:
                 _prepare_run_dir(agent_dir, args.overwrite)

@@ -30,9 +30,11 @@ FLAGS = ["--env-id", "CartPole-v1", "--total-timesteps", "1536", "--num-envs", "
 FLAGS += ["--checkpoint-every", "4", "--no-progress", "--no-tensorboard"]
 
 
-def train(run_dir: Path, *, processes: int = 1, devices: int = 1, resume: bool = False) -> list[str]:
+def train(
+    run_dir: Path, *, processes: int = 1, devices: int = 1, resume: bool = False, codes: tuple[int, ...] = ()
+) -> list[str]:
     """Run (or resume) `ppo-eqx train` in ``processes`` processes (on 127.0.0.1) of ``devices`` forced CPU
-    devices each; returns each process's output."""
+    devices each; checks their exit codes (``codes``, default all 0) and returns each process's output."""
     env = worker_env()
     if devices > 1:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
@@ -56,8 +58,8 @@ def train(run_dir: Path, *, processes: int = 1, devices: int = 1, resume: bool =
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=30)
-    for p, log in zip(running, logs, strict=True):
-        assert p.returncode == 0, log[-4000:]
+    for p, log, code in zip(running, logs, codes or (0,) * len(running), strict=True):
+        assert p.returncode == code, log[-4000:]
     return logs
 
 
@@ -103,6 +105,9 @@ def test_two_processes_train_as_one_and_resume_as_one(one_device, tmp_path):
     logs = train(whole, processes=2)
     assert "ppo-eqx: done" in logs[0] and "ppo-eqx: done" not in logs[1]  # process 0 reports, 1 only trains
     assert_same_run(whole, one_device)
+    # Process 0 refuses a directory that holds a run, and process 1 stops too instead of waiting for it.
+    logs = train(whole, processes=2, codes=(2, 1))
+    assert "already holds a run" in logs[0] and "process 0 refused --run-dir" in logs[1]
 
     # Both processes resume from process 0's checkpoint after iteration 4 and end where the whole run ended.
     resumed = tmp_path / "resumed"
