@@ -23,7 +23,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree, Shaped
 
 from ._types import Batch, LossInfo
 from .config import ConfigError, PPOConfig
-from .envs import EnvSpec, env_spec, make_env
+from .envs import EnvSpec, make_env
 from .loss import model_loss, normalize_advantages
 from .networks import ActorCritic
 from .rollout import RolloutCarry
@@ -37,13 +37,12 @@ from .train import (
     episode_metrics,
     fresh_episodes,
     init_agents,
-    init_checkpoint,
     rollout_batch,
     segment_env_seeds,
     update_metrics,
     update_settings,
 )
-from .update import make_optimizer, minibatch_indices, minibatch_steps
+from .update import minibatch_indices, minibatch_steps
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None, *, axis_name: str = "data") -> Mesh:
@@ -264,32 +263,31 @@ class MeshTrainer(Trainer):
         self.local_envs = config.num_envs // processes
         self.first_env = positions[0] // len(positions) * self.local_envs
         self.local_config = config.replace(num_envs=self.local_envs)
-        optimizer = make_optimizer(config)
-        params_static = eqx.partition(init_checkpoint(config, env_spec(config.env_id)).model, eqx.is_array)[1]
-
-        def learn(params: PyTree, opt_state: PyTree, batch: Batch, key: PRNGKeyArray) -> tuple[PyTree, PyTree, Metrics]:
-            model, opt_state, infos = sharded_update(
-                eqx.combine(params, params_static),
-                opt_state,
-                batch,
-                mesh=mesh,
-                optimizer=optimizer,
-                **update_settings(config),
-                key=key,
-            )
-            return eqx.filter(model, eqx.is_array), opt_state, update_metrics(opt_state, infos)
-
-        jitted = jax.jit(learn)
-
-        def learn_model(
-            model: ActorCritic, opt_state: PyTree, batch: Batch, key: Any
-        ) -> tuple[ActorCritic, PyTree, Metrics]:
-            params, opt_state, metrics = jitted(eqx.filter(model, eqx.is_array), opt_state, batch, key)
-            return eqx.combine(params, params_static), opt_state, metrics
-
-        self.learn = learn_model
-        self._learn_jit = jitted
+        self._learn_jit = jax.jit(self._learn_params)
         super().__init__(config, restore=restore)
+        self._static = eqx.partition(self.state.model, eqx.is_array)[1]
+
+    def _learn_params(
+        self, params: PyTree, opt_state: PyTree, batch: Batch, key: PRNGKeyArray
+    ) -> tuple[PyTree, PyTree, Metrics]:
+        """``sharded_update`` of the model's arrays (``jax.jit`` of this lowers for a batch of shapes alone)."""
+        model, opt_state, infos = sharded_update(
+            eqx.combine(params, self._static),
+            opt_state,
+            batch,
+            mesh=self.mesh,
+            optimizer=self.optimizer,
+            **update_settings(self.config),
+            key=key,
+        )
+        return eqx.filter(model, eqx.is_array), opt_state, update_metrics(opt_state, infos)
+
+    def learn(
+        self, model: ActorCritic, opt_state: PyTree, batch: Batch, key: Any
+    ) -> tuple[ActorCritic, PyTree, Metrics]:
+        """The data-parallel update of one global batch; returns the model, optimizer state and metrics."""
+        params, opt_state, metrics = self._learn_jit(eqx.filter(model, eqx.is_array), opt_state, batch, key)
+        return eqx.combine(params, self._static), opt_state, metrics
 
     def _initial_state(self, restore: Checkpoint | None) -> TrainState:
         segment, mesh = self._segment, self.mesh
