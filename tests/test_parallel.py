@@ -110,6 +110,39 @@ def test_two_devices_give_the_one_device_update(tmp_path):
     assert_same_update(results, "cnn")  # Atari-shaped: 32 uint8 frames of 4x84x84, Nature CNN
 
 
+def run_processes(
+    commands: list[list[str]],
+    env: dict[str, str] | None = None,
+    *,
+    codes: tuple[int, ...] = (),
+    timeout: float = TIMEOUT_S,
+) -> list[str]:
+    """Start every command at once (in ``env``, default ``worker_env()``), wait for all of them (killing any
+    still running after ``timeout`` seconds), check their exit codes (``codes``, default all 0); their
+    outputs."""
+    running = [
+        subprocess.Popen(
+            command,
+            env=worker_env() if env is None else env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for command in commands
+    ]
+    try:
+        logs = [process.communicate(timeout=timeout)[0] for process in running]
+    finally:
+        for process in running:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+    for process, log, code in zip(running, logs, codes or (0,) * len(running), strict=True):
+        assert process.returncode == code, log[-4000:]
+    return logs
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,26 +153,7 @@ def test_two_processes_give_the_one_process_update(tmp_path):
     """Two processes with one CPU device each (gloo collectives over localhost), a 2-device global mesh."""
     port = free_port()
     outs = [tmp_path / f"process{i}.npz" for i in range(2)]
-    processes = [
-        subprocess.Popen(
-            [sys.executable, WORKER, "process", str(port), str(i), str(out)],
-            env=worker_env(),
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i, out in enumerate(outs)
-    ]
-    try:
-        logs = [process.communicate(timeout=TIMEOUT_S)[0] for process in processes]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=30)
-    for process, log in zip(processes, logs, strict=True):
-        assert process.returncode == 0, log[-4000:]
+    run_processes([[sys.executable, WORKER, "process", str(port), str(i), str(out)] for i, out in enumerate(outs)])
     first, second = (np.load(out) for out in outs)
     for name in first.files:  # both processes hold the same replicated results, bit for bit
         np.testing.assert_array_equal(first[name], second[name], err_msg=name)

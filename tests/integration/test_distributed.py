@@ -8,7 +8,6 @@ relative in the metrics over these few iterations.
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.config import PPOConfig
 from ppo_eqx.envs import env_spec
 
-from ..test_parallel import ROOT, free_port, worker_env
+from ..test_parallel import free_port, run_processes, worker_env
 
 TIMEOUT_S = 240
 RTOL, ATOL, PARAM_ATOL = 1e-4, 1e-5, 1e-6
@@ -47,20 +46,7 @@ def train(
         commands = [command + peers + ["--process-id", str(i)] for i in range(processes)]
     else:
         commands = [command]
-    running = [
-        subprocess.Popen(c, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for c in commands
-    ]
-    try:
-        logs = [p.communicate(timeout=TIMEOUT_S)[0] for p in running]
-    finally:
-        for p in running:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
-    for p, log, code in zip(running, logs, codes or (0,) * len(running), strict=True):
-        assert p.returncode == code, log[-4000:]
-    return logs
+    return run_processes(commands, env, codes=codes, timeout=TIMEOUT_S)
 
 
 def metrics(run_dir: Path) -> list[dict]:
