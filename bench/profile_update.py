@@ -32,15 +32,22 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) \(.*\{$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\][^ ]* ([\w-]+)\(([^)]*)\)(.*)$")
 
 
 def hlo_instructions(hlo_text: str) -> dict[str, dict]:
-    """Each instruction of an optimized HLO module: dtype, shape, opcode, operand names, JAX op name."""
+    """Each instruction that runs as its own op (not the inside of a fusion) of an optimized HLO module:
+    dtype, shape, opcode, operand names, JAX op name."""
     table = {}
+    inside_fusion = False
     for line in hlo_text.splitlines():
+        computation = _COMPUTATION.match(line)
+        if computation:
+            inside_fusion = "fused" in computation.group(1) or "wrapped" in computation.group(1)
+            continue
         match = _INSTRUCTION.match(line)
-        if not match:
+        if not match or inside_fusion:
             continue
         name, dtype, dims, opcode, operands, rest = match.groups()
         op_name = re.search(r'op_name="([^"]*)"', rest)
