@@ -1,7 +1,6 @@
 """The Atari-57 runner without training: --dry-run output, resuming, and launching a fake trainer."""
 
 import csv
-import importlib.util
 import json
 import shlex
 import subprocess
@@ -14,17 +13,15 @@ import pytest
 
 from ppo_eqx.atari_games import ATARI_57
 
+from .bench_scripts import load_bench_script
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_ANCHORS = REPO_ROOT.parent / "shared" / "anchors"
 
 
 @pytest.fixture(scope="module")
 def runner() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_atari57", REPO_ROOT / "bench" / "atari57.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("atari57")
 
 
 def dry_run(runner: ModuleType, capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:

@@ -1,23 +1,17 @@
 """bench/profile_update.py's reading of compiled HLO: which ops are matrix products, and their FLOPs."""
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from .bench_scripts import load_bench_script
 
 
 @pytest.fixture(scope="module")
 def profile() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_profile_update", REPO_ROOT / "bench" / "profile_update.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench_script("profile_update")
 
 
 def test_matmul_flops_of_compiled_products(profile: ModuleType) -> None:

@@ -9,7 +9,6 @@ Synthetic anchors (never the real CSVs), per game: random/human score, CleanRL a
     Seaquest-v5      0.0  1000.0      33.0        66.0      1500 ± 50     1000 ± 40
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -17,7 +16,6 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -27,6 +25,8 @@ from hypothesis import strategies as st
 
 from ppo_eqx import report
 from ppo_eqx.hardware import _cpu_model, hardware_info
+
+from .bench_scripts import load_bench_script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NAN = float("nan")
@@ -496,18 +496,10 @@ def test_anchor_csvs_that_are_missing_raise_anchor_error(tmp_path: Path) -> None
 # ------------------------------------------------------------------------------------------ the CLI
 
 
-def _load_script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", REPO_ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_cli_reads_anchors_from_flag_or_environment(
     sweep: Path, anchors_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cli = _load_script("report")
+    cli = load_bench_script("report")
     assert cli.main([str(sweep), "--out", str(tmp_path / "a"), "--anchors", str(anchors_dir), "--no-plots"]) == 0
     assert "6 run(s) over 3 game(s), 0 skipped" in capsys.readouterr().out
     monkeypatch.setenv("PPO_EQX_ANCHORS", str(anchors_dir))
