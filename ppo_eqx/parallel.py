@@ -1,9 +1,9 @@
 """Data parallelism: the PPO update with every minibatch split across the devices of a one-axis mesh.
 
-Each device computes the PPO loss and its gradient on its shard of each minibatch; the advantages are
-standardised with the mean and standard deviation of the whole minibatch and the loss is the mean over the
-whole minibatch (both taken with ``pmean``), so the gradient is that of the one-device update. Then the same
-optax step runs on every device, and the parameters and optimizer state stay replicated. The mesh may span
+Each device gathers the whole batch, standardises each minibatch's advantages with the whole minibatch's
+mean and standard deviation, and computes the PPO loss and its gradient on its own shard of the minibatch;
+one ``pmean`` per step averages the gradients, so the gradient is that of the one-device update. Then the
+same optax step runs on every device, and the parameters and optimizer state stay replicated. The mesh may span
 several processes (``jax.distributed.initialize``): the code is the same, XLA's collectives cross hosts.
 """
 
@@ -24,7 +24,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree, Shaped
 from ._types import Batch, LossInfo
 from .config import ConfigError, PPOConfig
 from .envs import EnvSpec, make_env
-from .loss import model_loss, normalize_advantages
+from .loss import normalize_advantages
 from .networks import ActorCritic
 from .rollout import RolloutCarry
 from .train import (
@@ -42,7 +42,7 @@ from .train import (
     update_metrics,
     update_settings,
 )
-from .update import minibatch_indices, minibatch_steps
+from .update import minibatch_indices, minibatch_steps, params_loss
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None, *, axis_name: str = "data") -> Mesh:
@@ -118,17 +118,10 @@ def sharded_update(
     shard, column = jnp.divmod(env, envs_per_shard)
     indices = (shard * num_steps + step) * envs_per_shard + column
 
-    def loss_fn(params: PyTree, minibatch: Batch) -> tuple[Float[Array, ""], LossInfo]:
-        return model_loss(
-            eqx.combine(params, static),
-            minibatch,
-            clip_coef=clip_coef,
-            vf_coef=vf_coef,
-            ent_coef=ent_coef,
-            norm_adv=False,  # done beforehand, with the whole minibatch's statistics
-            clip_vloss=clip_vloss,
-            prepared=True,
-        )
+    # Advantages are standardised beforehand, with the whole minibatch's statistics (not the shard's).
+    loss_fn = params_loss(
+        static, clip_coef=clip_coef, vf_coef=vf_coef, ent_coef=ent_coef, norm_adv=False, clip_vloss=clip_vloss
+    )
 
     def mean_over_devices(grads: PyTree) -> PyTree:
         flat, unflatten = ravel_pytree(grads)
@@ -140,13 +133,12 @@ def sharded_update(
         shard = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), shard)
         shard = shard._replace(obs=eqx.combine(params, static).prepare(shard.obs))
         whole = jax.tree.map(lambda x: jax.lax.all_gather(x, axis, tiled=True), shard)
-        own = jax.lax.dynamic_slice_in_dim(indices, jax.lax.axis_index(axis) * shard_size, shard_size, axis=1)
+        first = jax.lax.axis_index(axis) * shard_size  # this device's rows of each minibatch
+        own = jax.lax.dynamic_slice_in_dim(indices, first, shard_size, axis=1)
         advantages = None
         if norm_adv:
             minibatches = jax.vmap(normalize_advantages)(jnp.take(whole.advantages, indices, axis=0))
-            advantages = jax.lax.dynamic_slice_in_dim(
-                minibatches, jax.lax.axis_index(axis) * shard_size, shard_size, axis=1
-            )
+            advantages = jax.lax.dynamic_slice_in_dim(minibatches, first, shard_size, axis=1)
         params, opt_state, infos = minibatch_steps(
             loss_fn,
             params,

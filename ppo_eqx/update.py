@@ -50,6 +50,33 @@ def minibatch_indices(
 LossFn = Callable[[PyTree, Batch], tuple[Float[Array, ""], LossInfo]]
 
 
+def params_loss(
+    static: PyTree,
+    *,
+    clip_coef: float | Float[Array, ""],
+    vf_coef: float | Float[Array, ""],
+    ent_coef: float | Float[Array, ""],
+    norm_adv: bool,
+    clip_vloss: bool,
+) -> LossFn:
+    """``model_loss`` as a function of the model's arrays (``static`` is the rest, from ``eqx.partition``), on
+    minibatches whose observations are already ``prepare``d."""
+
+    def loss_fn(params: PyTree, minibatch: Batch) -> tuple[Float[Array, ""], LossInfo]:
+        return model_loss(
+            eqx.combine(params, static),
+            minibatch,
+            clip_coef=clip_coef,
+            vf_coef=vf_coef,
+            ent_coef=ent_coef,
+            norm_adv=norm_adv,
+            clip_vloss=clip_vloss,
+            prepared=True,
+        )
+
+    return loss_fn
+
+
 def minibatch_steps(
     loss_fn: LossFn,
     params: PyTree,
@@ -115,18 +142,9 @@ def update(
         batch.actions.shape[0], num_minibatches=num_minibatches, update_epochs=update_epochs, key=key
     )
 
-    def loss_fn(params: PyTree, minibatch: Batch) -> tuple[Float[Array, ""], LossInfo]:
-        return model_loss(
-            eqx.combine(params, static),
-            minibatch,
-            clip_coef=clip_coef,
-            vf_coef=vf_coef,
-            ent_coef=ent_coef,
-            norm_adv=norm_adv,
-            clip_vloss=clip_vloss,
-            prepared=True,
-        )
-
+    loss_fn = params_loss(
+        static, clip_coef=clip_coef, vf_coef=vf_coef, ent_coef=ent_coef, norm_adv=norm_adv, clip_vloss=clip_vloss
+    )
     params, opt_state, infos = minibatch_steps(
         loss_fn, params, opt_state, batch, indices, optimizer=optimizer, unroll=unroll
     )
