@@ -59,6 +59,16 @@ class RolloutCarry(NamedTuple):
     stats: EpisodeStats
 
 
+def _act(
+    model: ActorCritic, obs: Observation, key: PRNGKeyArray, *, first_env: int = 0, total_envs: int | None = None
+) -> tuple[Int[Array, " N"], Float[Array, " N"], Float[Array, " N"]]:
+    """The policy's action for each observation (``sample_actions``), its log-probability, and the value."""
+    logits, value = model(obs)
+    action = sample_actions(key, logits, first_env=first_env, total_envs=total_envs)
+    logprob, _ = categorical_logprob_entropy(logits, action)
+    return action, logprob, value
+
+
 def rollout(
     model: ActorCritic,
     env_step: EnvStep,
@@ -78,9 +88,7 @@ def rollout(
     """
 
     def step(carry: RolloutCarry, step_key: PRNGKeyArray) -> tuple[RolloutCarry, Transition]:
-        logits, value = model(carry.obs)
-        action = sample_actions(step_key, logits, first_env=first_env, total_envs=total_envs)
-        logprob, _ = categorical_logprob_entropy(logits, action)
+        action, logprob, value = _act(model, carry.obs, step_key, first_env=first_env, total_envs=total_envs)
         handle, out = env_step(carry.handle, action)
         transition = Transition(carry.obs, action, logprob, value, out.reward, out.done)
         return RolloutCarry(handle, out.obs, update_episode_stats(carry.stats, out)), transition
@@ -126,15 +134,6 @@ def init_async_carry(
     # Distinct buffers, as in init_episode_stats: the iteration donates them.
     logprobs, values = jnp.zeros((num_envs,), jnp.float32), jnp.zeros((num_envs,), jnp.float32)
     return AsyncRolloutCarry(handle, obs, jnp.zeros((num_envs,), jnp.int32), logprobs, values, stats)
-
-
-def _act(
-    model: ActorCritic, obs: Observation, key: PRNGKeyArray
-) -> tuple[Int[Array, " R"], Float[Array, " R"], Float[Array, " R"]]:
-    logits, value = model(obs)
-    action = sample_actions(key, logits)
-    logprob, _ = categorical_logprob_entropy(logits, action)
-    return action, logprob, value
 
 
 def _pend(
