@@ -367,7 +367,7 @@ def train_command(args: argparse.Namespace) -> int:
             except UsageError as error:
                 refused = error
         # The other processes must not start training (and wait on process 0) when it refused the directory.
-        if _any_process(refused is not None) if mesh is not None else refused is not None:
+        if _any_process(refused is not None):  # one process: just the flag
             raise refused or RunError(f"process 0 refused --run-dir {run_dir}; its output says why")
         if config.num_seeds > 1 and writes:
             for agent_dir in agent_dirs:
