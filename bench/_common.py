@@ -27,7 +27,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-steps", type=int, default=128)
     parser.add_argument("--num-minibatches", type=int, default=4)
     parser.add_argument("--update-epochs", type=int, default=4)
-    parser.add_argument("--conv-impl", choices=CONV_IMPLS, default="matmul")
+    parser.add_argument("--conv-impl", choices=CONV_IMPLS, default=PPOConfig().conv_impl)
     parser.add_argument("--minibatch-unroll", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
 

@@ -8,7 +8,7 @@ class ConfigError(ValueError):
     """An impossible or unknown setting; the message names the value and what is allowed."""
 
 
-ConvImpl = Literal["matmul", "xla"]
+ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 
 
@@ -39,9 +39,11 @@ class PPOConfig:
     max_grad_norm: float = 0.5
     seed: int = 1
     # ppo_eqx's own settings.
-    conv_impl: str = "matmul"
+    conv_impl: str = "auto"
     """How convolutions are computed (one of CONV_IMPLS): "matmul" (space-to-depth, then matmuls; fast
-    on CPU) or "xla" (lax.conv_general_dilated). Same numbers within float32 rounding."""
+    on CPU), "kernel" (as matmul, the first layer by a hand-written CPU kernel; faster still), "xla"
+    (lax.conv_general_dilated), or "auto": "kernel" on CPU where the kernel builds, else "matmul". Same
+    numbers within float32 rounding."""
     minibatch_unroll: int = 1
     """``unroll`` of the ``lax.scan`` over minibatch steps; larger compiles slower."""
     checkpoint_every: int = 200

@@ -1,12 +1,15 @@
 """ActorCritic: CleanRL's Nature-CNN agent for Atari frames, its two-MLP agent for vector observations.
 
 Every layer takes a whole batch (leading axis ``B``); nothing here is vmapped. Convolutions can be
-computed two ways that give the same numbers (``conv_impl``):
+computed in ways that give the same numbers (``conv_impl``):
 
 - ``"xla"``: ``lax.conv_general_dilated``.
 - ``"matmul"``: space-to-depth by the stride, then matrix products (see ``Conv``). On CPU, XLA's
   convolution gradients run far below its matmul rate and slow down another ten times inside
   ``lax.scan``; matrix products do neither. The frames are folded while still uint8.
+- ``"kernel"``: as "matmul", but the first layer reads the folded uint8 frames in a hand-written CPU
+  kernel (``cpu_kernel.first_conv``), about five times faster than its matmuls.
+- ``"auto"`` (the default): "kernel" on the CPU backend where the kernel builds, else "matmul".
 """
 
 import math
@@ -16,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, Shaped
 
+from . import cpu_kernel
 from .config import ConvImpl
 
 
@@ -152,24 +156,32 @@ class Conv(eqx.Module):
     def on_space_to_depth(self, x: Float[Array, "B h w D"]) -> Float[Array, "B oh ow cout"]:
         """The convolution of an input already folded by ``space_to_depth(x, stride)`` (and cropped)."""
         s = self.stride
-        size, _, cin, cout = self.weight.shape
+        size, _, _, cout = self.weight.shape
         k = size // s
         b, h, w, depth = x.shape
-        # The kernel (k*s, k*s, cin, cout) viewed as (ki, bi, kj, bj, cin, cout).
-        kernel = self.weight.reshape(k, s, k, s, cin, cout)
         if s > 1:
             # Rows (bi, bj, cin) match space_to_depth(x), columns (ki, kj, cout): every kernel slice's output
             # at every input position in one product, then shifted into place.
-            kernel = kernel.transpose(1, 3, 4, 0, 2, 5).reshape(depth, k * k * cout)
+            kernel = self.folded_kernel().transpose(2, 0, 1, 3).reshape(depth, k * k * cout)
             y = shift_sum((x.reshape(-1, depth) @ kernel).reshape(b, h, w, k, k, cout))
         else:
             # Rows (kj, cin) match neighbour_columns(x), columns (ki, cout): every kernel row's output at
             # every input row in one product, then shifted into place.
             out_w = w - k + 1
-            kernel = kernel.transpose(2, 1, 3, 4, 0, 5).reshape(k * depth, k * cout)
+            kernel = self.weight.transpose(1, 2, 0, 3).reshape(k * depth, k * cout)
             columns = neighbour_columns(x, k).reshape(-1, k * depth)
             y = shift_rows((columns @ kernel).reshape(b, h, out_w, k, cout))
         return y + self.bias
+
+    def folded_kernel(self) -> Float[Array, "k k D cout"]:
+        """The kernel of the stride-1 convolution that this layer is on ``space_to_depth(x, stride)``:
+        ``[k, k, stride * stride * cin, cout]``, depth ordered as space_to_depth orders it."""
+        s = self.stride
+        size, _, cin, cout = self.weight.shape
+        k = size // s
+        # The kernel (k*s, k*s, cin, cout) viewed as (ki, bi, kj, bj, cin, cout).
+        kernel = self.weight.reshape(k, s, k, s, cin, cout).transpose(0, 2, 1, 3, 4, 5)
+        return kernel.reshape(k, k, s * s * cin, cout)
 
 
 class NatureCNN(eqx.Module):
@@ -206,8 +218,12 @@ class NatureCNN(eqx.Module):
     def apply(self, prepared: Shaped[Array, "B h w D"], impl: ConvImpl) -> Float[Array, "B 512"]:
         """Features of frames already ``prepare``d; the 1/255 scaling happens here."""
         first, *rest = self.convs
-        x = prepared.astype(jnp.float32) / 255.0
-        x = jax.nn.relu(first(x, impl) if impl == "xla" else first.on_space_to_depth(x))
+        if impl == "kernel" and prepared.dtype == jnp.uint8:
+            x = cpu_kernel.first_conv(prepared, first.folded_kernel(), first.bias)
+        else:
+            x = prepared.astype(jnp.float32) / 255.0
+            x = first(x, impl) if impl == "xla" else first.on_space_to_depth(x)
+        x = jax.nn.relu(x)
         for conv in rest:
             x = jax.nn.relu(conv(x, impl))
         # Flatten in (row, column, channel) order, as CleanRL's flax model does.
@@ -234,6 +250,23 @@ class MLP(eqx.Module):
         return self.layers[-1](x)
 
 
+def choose_conv_impl(conv_impl: ConvImpl, obs_shape: tuple[int, ...]) -> ConvImpl:
+    """The convolutions a model built with ``conv_impl`` computes. "auto" is "kernel" for frames on the CPU
+    backend where the kernel builds, else "matmul"; "kernel" where it cannot run is an error. Any other
+    value is itself."""
+    if conv_impl not in ("auto", "kernel") or len(obs_shape) != 3:
+        return "matmul" if conv_impl == "auto" else conv_impl
+    if conv_impl == "auto":
+        return "kernel" if jax.default_backend() == "cpu" and cpu_kernel.available() else "matmul"
+    if jax.default_backend() != "cpu":
+        raise ValueError(f"conv_impl='kernel' runs on the CPU backend only, not {jax.default_backend()!r}")
+    try:
+        cpu_kernel.load()
+    except cpu_kernel.KernelUnavailable as error:
+        raise ValueError(f"conv_impl='kernel' is unavailable: {error}") from error
+    return "kernel"
+
+
 class ActorCritic(eqx.Module):
     """Policy logits and state values for a batch of observations.
 
@@ -248,10 +281,10 @@ class ActorCritic(eqx.Module):
     conv_impl: ConvImpl = eqx.field(static=True)
 
     def __init__(
-        self, obs_shape: tuple[int, ...], num_actions: int, *, conv_impl: ConvImpl = "matmul", key: PRNGKeyArray
+        self, obs_shape: tuple[int, ...], num_actions: int, *, conv_impl: ConvImpl = "auto", key: PRNGKeyArray
     ):
         torso_key, actor_key, critic_key = jax.random.split(key, 3)
-        self.conv_impl = conv_impl
+        self.conv_impl = choose_conv_impl(conv_impl, obs_shape)
         if len(obs_shape) == 3:
             self.torso = NatureCNN(obs_shape, key=torso_key)
             self.actor = Dense(512, num_actions, 0.01, key=actor_key)

@@ -1,3 +1,5 @@
+import shutil
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,9 @@ from ppo_eqx import ActorCritic, Batch, model_loss
 from ppo_eqx.networks import Conv, Dense
 
 ATARI_SHAPE = (4, 84, 84)
+needs_compiler = pytest.mark.skipif(
+    not any(map(shutil.which, ("g++", "c++"))), reason="no C++ compiler to build the CPU kernel"
+)
 
 
 def numpy_conv(x, weight, bias, stride):
@@ -54,8 +59,10 @@ def _batch(model: ActorCritic, obs_shape, num_actions: int, size: int, seed: int
     )
 
 
-def test_matmul_and_xla_convolutions_give_the_same_losses_and_gradients():
-    model = ActorCritic(ATARI_SHAPE, 6, conv_impl="matmul", key=jax.random.PRNGKey(3))
+@pytest.mark.parametrize("impl", ["matmul", pytest.param("kernel", marks=needs_compiler)])
+def test_faster_convolutions_give_the_same_losses_and_gradients_as_xla(impl):
+    model = ActorCritic(ATARI_SHAPE, 6, conv_impl=impl, key=jax.random.PRNGKey(3))
+    assert model.conv_impl == impl
     reference = ActorCritic(ATARI_SHAPE, 6, conv_impl="xla", key=jax.random.PRNGKey(3))  # same parameters
     batch = _batch(model, ATARI_SHAPE, 6, 32, 0)
     loss = eqx.filter_jit(
