@@ -37,7 +37,7 @@ from _common import (
 )
 
 from ppo_eqx import Batch, compute_gae, make_env, make_optimizer, model_loss
-from ppo_eqx.networks import categorical_logprob_entropy
+from ppo_eqx.networks import categorical_logprob_entropy, choose_conv_impl
 from ppo_eqx.rollout import RolloutCarry, init_episode_stats, rollout
 from ppo_eqx.train import init_train_state, make_iteration
 from ppo_eqx.update import update
@@ -150,6 +150,7 @@ def main() -> None:
     header = {
         "config": {k: v for k, v in dataclasses.asdict(config).items() if k != "total_timesteps"},
         "environment": environment(),
+        "conv_impl": choose_conv_impl(config.conv_impl, spec.obs_shape),  # what "auto" chose
         **ceilings,
         "compute_limit_sps": limit_sps,
         "iteration_sps": iteration_sps,

@@ -4,7 +4,8 @@ By default the process is pinned to one core first, so that no two ops overlap a
 own (on several cores XLA runs independent ops at once and their trace times include each other). For each
 op (fusion, dot, library call) of the update's minibatch step the table gives its output shape, the JAX
 operation it came from, its milliseconds per minibatch step and share of the update; for matrix products
-also GFLOP/s and that as a fraction of the float32 matmul rate measured on the same cores in the same run.
+and calls to ppo_eqx's CPU kernel also GFLOP/s and that as a fraction of the float32 matmul rate measured on
+the same cores in the same run.
 The batch is random frames of the env's shape; the frames' values do not change the time.
 
     python bench/profile_update.py --env-id Breakout-v5 --json bench/results/profile_update.json
@@ -51,12 +52,14 @@ def hlo_instructions(hlo_text: str) -> dict[str, dict]:
             continue
         name, dtype, dims, opcode, operands, rest = match.groups()
         op_name = re.search(r'op_name="([^"]*)"', rest)
+        target = re.search(r'custom_call_target="([^"]*)"', rest)
         table[name] = {
             "dtype": dtype,
             "shape": tuple(int(d) for d in dims.split(",") if d),
             "opcode": opcode,
             "operands": [o.strip().lstrip("%") for o in operands.split(",") if o.strip().startswith("%")],
             "op_name": op_name.group(1) if op_name else "",
+            "target": target.group(1) if target else "",
         }
     return table
 
@@ -75,6 +78,25 @@ def matmul_flops(name: str, table: dict[str, dict]) -> float | None:
     if k * k * out != math.prod(lhs["shape"]) * math.prod(rhs["shape"]) or k < 2:
         return None
     return 2.0 * out * k
+
+
+def kernel_flops(name: str, table: dict[str, dict]) -> float | None:
+    """FLOPs of a call to ppo_eqx's first-convolution kernel (forward or weight gradient): two per
+    multiply-add of every output position ``[B, oh, ow]`` with every kernel tap ``[k, k, D]`` and channel."""
+    entry = table.get(name)
+    if entry is None or not entry["target"].startswith("ppo_eqx_first_conv_"):
+        return None
+    second = table[entry["operands"][1]]["shape"]
+    if entry["target"].endswith("forward"):  # (frames, kernel, bias) -> y [B, oh, ow, C]
+        positions, kernel = entry["shape"], second
+    else:  # (frames, dy [B, oh, ow, C]) -> dkernel [k, k, D, C]
+        positions, kernel = second, entry["shape"]
+    return 2.0 * math.prod(positions) * math.prod(kernel[:3])
+
+
+def product_flops(name: str, table: dict[str, dict]) -> float | None:
+    """FLOPs of a matrix product or a kernel call; None for other ops."""
+    return matmul_flops(name, table) or kernel_flops(name, table)
 
 
 def describe(op_name: str) -> str:
@@ -164,7 +186,7 @@ def main() -> None:
     rows = []
     for name, ms in sorted(ops.items(), key=lambda item: -item[1])[: args.top]:
         entry = table[name]
-        flops = matmul_flops(name, table)
+        flops = product_flops(name, table)
         # Ops inside the minibatch loop run once per step; the rest (the relayout of the batch) once.
         per_step = ms / steps if "while/body" in entry["op_name"] else ms
         gflops = flops / (per_step / 1e3) / 1e9 if flops else None
@@ -180,7 +202,7 @@ def main() -> None:
                 "fraction_of_matmul_rate": gflops * 1e9 / flop_rate if gflops else None,
             }
         )
-    products = sum(ms for name, ms in ops.items() if matmul_flops(name, table))
+    products = sum(ms for name, ms in ops.items() if product_flops(name, table))
     header = {
         "environment": environment(),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),

@@ -35,6 +35,7 @@ from _common import (
 )
 
 from ppo_eqx import Trainer, make_async_env, make_env
+from ppo_eqx.networks import choose_conv_impl
 from ppo_eqx.train import run
 
 
@@ -115,6 +116,7 @@ def main() -> None:
     ]
     header = {
         "environment": environment(),
+        "conv_impl": choose_conv_impl(config.conv_impl, spec.obs_shape),  # what "auto" chose
         **ceilings,
         "setup_s": setup_s,
         "rss_after_compile_mib": rss_after_compile,

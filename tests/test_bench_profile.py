@@ -6,7 +6,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from ppo_eqx import cpu_kernel
+
 from .bench_scripts import load_bench_script
+from .test_networks import needs_compiler
 
 
 @pytest.fixture(scope="module")
@@ -32,3 +35,18 @@ def test_matmul_flops_of_compiled_products(profile: ModuleType) -> None:
 def test_describe_says_forward_or_backward(profile: ModuleType) -> None:
     assert profile.describe("jit(f)/while/body/closed_call/transpose(jvp())/dot_general") == "backward: dot_general"
     assert profile.describe("jit(<lambda>)/while/body/closed_call/jvp()/stack") == "forward: stack"
+
+
+@needs_compiler
+def test_kernel_flops_of_the_first_convolution(profile: ModuleType) -> None:
+    frames = jnp.zeros((3, 6, 9, 16), jnp.uint8)
+    kernel, bias = jnp.ones((2, 2, 16, 32)), jnp.zeros(32)
+
+    def f(kernel, bias):
+        return jax.grad(lambda w, c: jnp.sum(cpu_kernel.first_conv(frames, w, c) ** 2), argnums=(0, 1))(kernel, bias)
+
+    table = profile.hlo_instructions(jax.jit(f).lower(kernel, bias).compile().as_text())
+    calls = {entry["target"]: profile.product_flops(name, table) for name, entry in table.items() if entry["target"]}
+    # Hand-computed: 3 frames x 5 x 8 outputs x (2 x 2 x 16 taps) x 32 channels, one multiply and one add each.
+    each = 2 * 3 * 5 * 8 * (2 * 2 * 16) * 32
+    assert calls == {"ppo_eqx_first_conv_forward": each, "ppo_eqx_first_conv_weight_gradient": each}
