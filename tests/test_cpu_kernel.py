@@ -114,3 +114,9 @@ def test_a_failed_build_says_which_compiler_failed(tmp_path, monkeypatch, compil
     with pytest.raises(cpu_kernel.KernelUnavailable, match=re.escape(f"{compiler} could not build cpu_kernel.cc")):
         cpu_kernel.build(tmp_path / "kernel.so")
     assert list(tmp_path.iterdir()) == []  # nothing half-written left behind
+
+
+def test_an_unwritable_cache_is_reported(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(cpu_kernel.KernelUnavailable, match="could not create the kernel cache"):
+        cpu_kernel.build(tmp_path / "file" / "kernel.so")
