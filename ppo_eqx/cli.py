@@ -312,6 +312,16 @@ def _start_processes(args: argparse.Namespace) -> Any:
     return make_mesh(available[:devices])
 
 
+def _check_conv_impl(config: PPOConfig) -> None:
+    """``--conv-impl kernel`` where the kernel cannot run is refused before anything is written."""
+    if config.conv_impl == "kernel":
+        from .networks import kernel_unavailable_reason
+
+        reason = kernel_unavailable_reason()
+        if reason is not None:
+            raise UsageError(f"--conv-impl kernel: {reason}; use --conv-impl auto or matmul")
+
+
 def train_command(args: argparse.Namespace) -> int:
     import jax
     from tqdm import tqdm
@@ -338,6 +348,7 @@ def train_command(args: argparse.Namespace) -> int:
     if resume is not None and resume_dir is not None:
         config = resume.config
         run_dir = resume_dir
+        _check_conv_impl(config)
         start_iteration = int(resume.checkpoint.iteration)
         if start_iteration >= config.num_iterations:
             print(f"ppo-eqx: {run_dir} finished at iteration {start_iteration}; nothing to resume", flush=True)
@@ -352,6 +363,7 @@ def train_command(args: argparse.Namespace) -> int:
         say(f"ppo-eqx: resuming {run_dir} from {resume.path.name} ({kept} rows of metrics kept)")
     else:
         config = config_from_args(args)
+        _check_conv_impl(config)
         if args.track and config.num_seeds > 1:
             raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds}")
         run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"

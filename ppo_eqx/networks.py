@@ -250,6 +250,18 @@ class MLP(eqx.Module):
         return self.layers[-1](x)
 
 
+def kernel_unavailable_reason() -> str | None:
+    """Why ``conv_impl="kernel"`` cannot run here (the backend is not the CPU, or the kernel does not build),
+    or None when it can."""
+    if jax.default_backend() != "cpu":
+        return f"the CPU kernel runs on the CPU backend only, not {jax.default_backend()!r}"
+    try:
+        cpu_kernel.load()
+    except cpu_kernel.KernelUnavailable as error:
+        return str(error)
+    return None
+
+
 def choose_conv_impl(conv_impl: ConvImpl, obs_shape: tuple[int, ...]) -> ConvImpl:
     """The convolutions a model built with ``conv_impl`` computes. "auto" is "kernel" for frames on the CPU
     backend where the kernel builds, else "matmul"; "kernel" where it cannot run is an error. Any other
@@ -258,12 +270,9 @@ def choose_conv_impl(conv_impl: ConvImpl, obs_shape: tuple[int, ...]) -> ConvImp
         return "matmul" if conv_impl == "auto" else conv_impl
     if conv_impl == "auto":
         return "kernel" if jax.default_backend() == "cpu" and cpu_kernel.available() else "matmul"
-    if jax.default_backend() != "cpu":
-        raise ValueError(f"conv_impl='kernel' runs on the CPU backend only, not {jax.default_backend()!r}")
-    try:
-        cpu_kernel.load()
-    except cpu_kernel.KernelUnavailable as error:
-        raise ValueError(f"conv_impl='kernel' is unavailable: {error}") from error
+    reason = kernel_unavailable_reason()
+    if reason is not None:
+        raise ValueError(f"conv_impl='kernel' is unavailable: {reason}")
     return "kernel"
 
 

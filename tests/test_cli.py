@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from ppo_eqx import cpu_kernel
 from ppo_eqx.cli import main
 
 TINY_CARTPOLE = ["train", "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--no-progress"]
@@ -41,6 +42,18 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
     assert main([*argv, "--run-dir", str(tmp_path / "run")] if argv[0] == "train" else argv) == 2
     assert message in error_line(capsys)
     assert not (tmp_path / "run").exists()  # nothing was created for a rejected config
+
+
+def test_the_cpu_kernel_where_it_cannot_build_is_refused_before_anything_is_written(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("PPO_EQX_CACHE", str(tmp_path / "cache"))  # not built there yet
+    monkeypatch.setenv("CXX", str(tmp_path / "no-compiler"))
+    monkeypatch.setattr(cpu_kernel, "load", cpu_kernel.load.__wrapped__)  # not the load this process already did
+    argv = ["train", "--env-id", "Breakout-v5", "--conv-impl", "kernel", "--run-dir", str(tmp_path / "run")]
+    assert main(argv) == 2
+    line = error_line(capsys)
+    assert "--conv-impl kernel: " in line and "no-compiler could not build cpu_kernel.cc" in line
+    assert "use --conv-impl auto or matmul" in line
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_run_directory_holding_a_run_is_refused_and_kept(capsys, tmp_path):
