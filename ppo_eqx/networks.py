@@ -282,6 +282,8 @@ class ActorCritic(eqx.Module):
     Pixel observations ``[B, C, H, W]`` (uint8, scaled by 1/255 inside) share a Nature-CNN torso between a
     linear actor (gain 0.01) and a linear critic (gain 1), as CleanRL's Atari agent. Flat observations
     ``[B, D]`` get CleanRL's classic-control agent: separate 64-64 tanh MLPs for actor and critic.
+    ``conv_impl`` says how the convolutions are computed (see this module's docstring); "auto" is resolved
+    when the model is built (``choose_conv_impl``), so ``model.conv_impl`` is what runs.
     """
 
     torso: NatureCNN | None
