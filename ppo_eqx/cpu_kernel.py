@@ -48,8 +48,13 @@ def _cpu_flags() -> str:
     return next((line for line in lines if line.startswith("flags")), platform.processor())
 
 
+def find_compiler() -> str | None:
+    """The C++ compiler the kernel is built with: ``$CXX``, else ``g++`` or ``c++`` on the PATH; None if none."""
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
 def _compiler() -> str:
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    compiler = find_compiler()
     if compiler is None:
         raise KernelUnavailable("no C++ compiler found (set $CXX, or install g++) to build ppo_eqx's CPU kernel")
     return compiler
@@ -109,11 +114,6 @@ def available() -> bool:
     return True
 
 
-def supports(depth: int, out_channels: int) -> bool:
-    """Whether the kernel computes a layer with this folded input depth and output channel count."""
-    return out_channels == OUT_CHANNELS and depth % 8 == 0
-
-
 @jax.custom_vjp
 def first_conv(
     frames: UInt8[Array, "B H W D"], kernel: Float[Array, "k k D C"], bias: Float[Array, " C"]
@@ -123,7 +123,7 @@ def first_conv(
     to the frames."""
     b, h, w, depth = frames.shape
     k, _, _, c = kernel.shape
-    if not supports(depth, c):
+    if c != OUT_CHANNELS or depth % 8:
         raise ValueError(
             f"first_conv computes {OUT_CHANNELS} output channels from a depth that is a multiple of 8, "
             f"not {c} from {depth}"

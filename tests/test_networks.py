@@ -1,5 +1,3 @@
-import shutil
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -8,12 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppo_eqx import ActorCritic, Batch, model_loss
+from ppo_eqx import ActorCritic, Batch, cpu_kernel, model_loss
 from ppo_eqx.networks import Conv, Dense
 
 ATARI_SHAPE = (4, 84, 84)
 needs_compiler = pytest.mark.skipif(
-    not any(map(shutil.which, ("g++", "c++"))), reason="no C++ compiler to build the CPU kernel"
+    cpu_kernel.find_compiler() is None, reason="no C++ compiler to build the CPU kernel"
 )
 
 
