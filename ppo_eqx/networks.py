@@ -9,7 +9,10 @@ computed in ways that give the same numbers (``conv_impl``):
   ``lax.scan``; matrix products do neither. The frames are folded while still uint8.
 - ``"kernel"``: as "matmul", but the first layer reads the folded uint8 frames in a hand-written CPU
   kernel (``cpu_kernel.first_conv``), in about 2/5 of the matmuls' time.
-- ``"auto"`` (the default): "kernel" on the CPU backend where the kernel builds, else "matmul".
+- ``"auto"`` (the default): on the CPU backend "kernel" where the kernel builds, else "matmul"; on any
+  other backend (GPU, TPU) "xla", XLA's own convolutions (cuDNN on a GPU), as CleanRL computes them. The
+  matmul route was designed around XLA:CPU's slow convolution gradients and has not been measured on an
+  accelerator (``bench/device_check.py`` measures both there).
 """
 
 import math
@@ -263,13 +266,15 @@ def kernel_unavailable_reason() -> str | None:
 
 
 def choose_conv_impl(conv_impl: ConvImpl, obs_shape: tuple[int, ...]) -> ConvImpl:
-    """The convolutions a model built with ``conv_impl`` computes. "auto" is "kernel" for frames on the CPU
-    backend where the kernel builds, else "matmul"; "kernel" where it cannot run is an error. Any other
-    value is itself."""
+    """The convolutions a model built with ``conv_impl`` computes. "auto", for frames, is "xla" off the CPU
+    backend and, on it, "kernel" where the kernel builds, else "matmul" (for vectors, which have no
+    convolutions, "matmul"); "kernel" where it cannot run is an error. Any other value is itself."""
     if conv_impl not in ("auto", "kernel") or len(obs_shape) != 3:
         return "matmul" if conv_impl == "auto" else conv_impl
     if conv_impl == "auto":
-        return "kernel" if jax.default_backend() == "cpu" and cpu_kernel.available() else "matmul"
+        if jax.default_backend() != "cpu":
+            return "xla"
+        return "kernel" if cpu_kernel.available() else "matmul"
     reason = kernel_unavailable_reason()
     if reason is not None:
         raise ValueError(f"conv_impl='kernel' is unavailable: {reason}")
