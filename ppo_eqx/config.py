@@ -1,7 +1,9 @@
 """PPOConfig: every hyperparameter, with CleanRL's names and defaults, validated in one place."""
 
 import dataclasses
-from typing import Any, Literal, get_args
+import math
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple, get_args, no_type_check
 
 
 class ConfigError(ValueError):
@@ -11,7 +13,19 @@ class ConfigError(ValueError):
 ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 
+INT32_MAX = 2**31 - 1
+"""The largest count or seed: EnvPool takes int32 seeds, and JAX counts in int32."""
+FLOAT32_MAX = (2 - 2**-23) * 2.0**127
+"""The largest finite float32 (about 3.4e38): every float setting becomes one under jit."""
+FLOAT32_TINY = 2.0**-126
+"""The smallest normal float32 (about 1.2e-38): XLA on CPU flushes smaller numbers to 0, so a setting that must
+be > 0 must be at least this."""
 
+
+# PPOConfig takes values from users and files and checks them itself, in validate(); the test run's type checker
+# (jaxtyping's import hook) must not check __init__ first and raise a TypeError that users never see. Static
+# checkers still read the annotations; typing.get_type_hints(PPOConfig) is {}, dataclasses.fields(...).type is not.
+@no_type_check
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
     """Hyperparameters of ``ppo_atari_envpool_xla_jax.py`` (CleanRL), same names and defaults.
@@ -19,41 +33,75 @@ class PPOConfig:
     The fields after ``seed`` are ppo_eqx's own. ``checkpoint_every`` is part of the trajectory: every
     ``checkpoint_every`` iterations the envs are made afresh, seeded from (seed, iteration), so that a run
     resumed from a checkpoint sees the same envs as an uninterrupted one. The others change speed, not results.
+
+    Each field's ``metadata["help"]`` is its one-line description, from which the command line derives its flags.
     """
 
-    env_id: str = "Breakout-v5"
-    total_timesteps: int = 10_000_000
-    learning_rate: float = 2.5e-4
-    num_envs: int = 8
-    num_steps: int = 128
-    anneal_lr: bool = True
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    num_minibatches: int = 4
-    update_epochs: int = 4
-    norm_adv: bool = True
-    clip_coef: float = 0.1
-    clip_vloss: bool = False
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    seed: int = 1
+    env_id: str = dataclasses.field(
+        default="Breakout-v5", metadata={"help": "EnvPool task id, e.g. Breakout-v5 or CartPole-v1 (CleanRL's)"}
+    )
+    total_timesteps: int = dataclasses.field(
+        default=10_000_000, metadata={"help": "environment steps of each agent over the whole run (CleanRL's)"}
+    )
+    learning_rate: float = dataclasses.field(default=2.5e-4, metadata={"help": "Adam's step size (CleanRL's)"})
+    num_envs: int = dataclasses.field(default=8, metadata={"help": "environments stepped in parallel (CleanRL's)"})
+    num_steps: int = dataclasses.field(default=128, metadata={"help": "steps of each env per rollout (CleanRL's)"})
+    anneal_lr: bool = dataclasses.field(
+        default=True, metadata={"help": "anneal the learning rate linearly to 0 over the run (CleanRL's)"}
+    )
+    gamma: float = dataclasses.field(default=0.99, metadata={"help": "discount factor (CleanRL's)"})
+    gae_lambda: float = dataclasses.field(
+        default=0.95, metadata={"help": "lambda of generalised advantage estimation (CleanRL's)"}
+    )
+    num_minibatches: int = dataclasses.field(
+        default=4, metadata={"help": "minibatches that each epoch splits the batch into (CleanRL's)"}
+    )
+    update_epochs: int = dataclasses.field(default=4, metadata={"help": "epochs of updates per batch (CleanRL's)"})
+    norm_adv: bool = dataclasses.field(
+        default=True, metadata={"help": "normalise the advantages of each minibatch (CleanRL's)"}
+    )
+    clip_coef: float = dataclasses.field(
+        default=0.1, metadata={"help": "clipping range of the policy ratio's surrogate objective (CleanRL's)"}
+    )
+    clip_vloss: bool = dataclasses.field(
+        default=False, metadata={"help": "clip the value loss around the old values (CleanRL's)"}
+    )
+    ent_coef: float = dataclasses.field(default=0.01, metadata={"help": "weight of the entropy bonus (CleanRL's)"})
+    vf_coef: float = dataclasses.field(default=0.5, metadata={"help": "weight of the value loss (CleanRL's)"})
+    max_grad_norm: float = dataclasses.field(
+        default=0.5, metadata={"help": "global norm that the gradient is clipped to (CleanRL's)"}
+    )
+    seed: int = dataclasses.field(
+        default=1, metadata={"help": "seed of the model, the actions and the envs (env i: seed + i) (CleanRL's)"}
+    )
     # ppo_eqx's own settings.
-    conv_impl: str = "auto"
+    conv_impl: str = dataclasses.field(
+        default="auto", metadata={"help": "how convolutions are computed: auto, kernel, matmul or xla (ppo_eqx's own)"}
+    )
     """How convolutions are computed (one of CONV_IMPLS): "matmul" (space-to-depth, then matmuls; fast
     on CPU), "kernel" (as matmul, the first layer by a hand-written CPU kernel; faster still), "xla"
     (lax.conv_general_dilated), or "auto": "kernel" on CPU where the kernel builds, else "matmul". Same
     numbers within float32 rounding."""
-    minibatch_unroll: int = 1
+    minibatch_unroll: int = dataclasses.field(
+        default=1, metadata={"help": "unroll of the scan over minibatch steps; larger compiles slower (ppo_eqx's own)"}
+    )
     """``unroll`` of the ``lax.scan`` over minibatch steps; larger compiles slower."""
-    checkpoint_every: int = 200
+    checkpoint_every: int = dataclasses.field(
+        default=200, metadata={"help": "iterations between checkpoints, where the envs are re-seeded (ppo_eqx's own)"}
+    )
     """Iterations between checkpoints; the envs are re-seeded from (seed, iteration) at each one. 200
     iterations of CleanRL's Atari batch are about 205k steps (6 minutes on 2 CPU cores): each re-seeding
     compiles the iteration anew (in the background), and each cuts the episodes under way."""
-    num_seeds: int = 1
+    num_seeds: int = dataclasses.field(
+        default=1,
+        metadata={"help": "independent agents trained at once, seeds seed .. seed+num_seeds-1 (ppo_eqx's own)"},
+    )
     """Independent agents trained in one program, with seeds ``seed`` .. ``seed + num_seeds - 1``: agent s is
     the run with seed ``seed + s`` (its own ``num_envs`` envs, model, optimizer and key)."""
-    async_batch_size: int = 0
+    async_batch_size: int = dataclasses.field(
+        default=0,
+        metadata={"help": "0: every env steps at once; R > 0: EnvPool's async mode, R envs a step (ppo_eqx's own)"},
+    )
     """0 (the default): CleanRL's synchronous pool, every env steps at once. R > 0: EnvPool's async mode, a
     deviation from CleanRL. The pool holds ``num_envs`` envs, each rollout step receives the R that finish
     first, acts on them and sends their actions, while the others keep stepping; R must divide ``num_envs``
@@ -90,37 +138,30 @@ class PPOConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "PPOConfig":
-        names = {field.name for field in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - names)
+    def from_dict(cls, values: Mapping[str, Any]) -> "PPOConfig":
+        """The validated config of ``values`` (as ``to_dict`` gives), fields left out taking their defaults."""
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"config={_show(values)} is not a mapping of fields; allowed: a dict of field: value")
+        names = [field.name for field in dataclasses.fields(cls)]
+        unknown = sorted(_show(name) for name in values if name not in names)
         if unknown:
             raise ConfigError(f"unknown config field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
-        return cls(**values).validate()
+        try:
+            config = cls(**values)
+        except TypeError as error:  # unreachable for a Mapping of known names, kept so that none escapes
+            raise ConfigError(f"config={_show(values)} is not a set of fields ({error}); allowed: a dict") from error
+        return config.validate()
 
     def validate(self) -> "PPOConfig":
-        """Return self, or raise ConfigError naming the first impossible setting."""
-        for name in (
-            "total_timesteps",
-            "num_envs",
-            "num_steps",
-            "num_minibatches",
-            "update_epochs",
-            "minibatch_unroll",
-            "checkpoint_every",
-            "num_seeds",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"{name}={value!r} must be a positive integer")
-        for name in ("learning_rate", "max_grad_norm"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be > 0")
-        for name in ("gamma", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be in [0, 1]")
-        for name in ("clip_coef", "ent_coef", "vf_coef"):
-            if not getattr(self, name) >= 0:
-                raise ConfigError(f"{name}={getattr(self, name)!r} must be >= 0")
+        """Return self, or raise ConfigError naming the first impossible setting, its value and what is allowed.
+
+        Every field is checked by its declared type and its range in ``FIELD_RANGES`` (bools are bools, ints
+        are ints within int32, floats are finite float32 numbers, strings are not empty) before the settings
+        are checked against each other, so that no value of any type raises anything but ConfigError.
+        """
+        for field in dataclasses.fields(self):
+            _check_field(field.name, field.type, getattr(self, field.name))
+        self._validate_sizes()
         self._validate_async()
         if self.batch_size % self.num_minibatches:
             raise ConfigError(
@@ -130,24 +171,138 @@ class PPOConfig:
         if self.total_timesteps < self.batch_size:
             raise ConfigError(
                 f"total_timesteps={self.total_timesteps} is smaller than one batch ({self._batch_formula}="
-                f"{self.batch_size})"
+                f"{self.batch_size}); allowed: {self.batch_size} .. {INT32_MAX}"
             )
-        if self.conv_impl not in CONV_IMPLS:
-            raise ConfigError(f"conv_impl={self.conv_impl!r} is not one of {', '.join(map(repr, CONV_IMPLS))}")
-        if not isinstance(self.env_id, str) or not self.env_id:
-            raise ConfigError(f"env_id={self.env_id!r} must be a non-empty EnvPool task id")
         return self
+
+    def _validate_sizes(self) -> None:
+        """The transitions of one iteration and the seeds of the first segment's envs must fit int32."""
+        transitions = self.num_seeds * self.num_envs * self.num_steps
+        if transitions > INT32_MAX:
+            raise ConfigError(
+                f"num_seeds*num_envs*num_steps={transitions} transitions per iteration do not fit int32; "
+                f"allowed: at most {INT32_MAX}"
+            )
+        # Agent s's env i starts with the seed seed + s + i (EnvPool's own seeding, or ours made explicit).
+        last_env_seed = self.seed + self.num_seeds - 1 + self.num_envs - 1
+        if last_env_seed > INT32_MAX:
+            raise ConfigError(
+                f"seed={self.seed} gives env seeds up to seed+num_seeds-1+num_envs-1={last_env_seed}, but the env "
+                f"backend takes 32-bit seeds; allowed: 0 .. {INT32_MAX - self.num_seeds - self.num_envs + 2} "
+                f"with num_seeds={self.num_seeds}, num_envs={self.num_envs}"
+            )
 
     def _validate_async(self) -> None:
         size = self.async_batch_size
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ConfigError(f"async_batch_size={size!r} must be 0 (off) or a positive integer")
         if size and (size >= self.num_envs or self.num_envs % size):
             raise ConfigError(
                 f"async_batch_size={size} must be 0 (off) or a divisor of num_envs={self.num_envs} smaller than it"
+                f"; allowed: 0, or a divisor of {self.num_envs} below {self.num_envs}"
             )
         if size and self.num_seeds > 1:
-            raise ConfigError(f"async_batch_size={size} works with one seed only, not num_seeds={self.num_seeds}")
+            raise ConfigError(
+                f"async_batch_size={size} works with one seed only, not num_seeds={self.num_seeds}; allowed: "
+                "async_batch_size=0 or num_seeds=1"
+            )
+
+
+class FieldRange(NamedTuple):
+    """The closed interval ``[low, high]`` of a number field, and how a value outside it is told off."""
+
+    low: float
+    high: float
+    must_be: str
+
+
+POSITIVE = FieldRange(1, INT32_MAX, "a positive integer")
+PROBABILITY = FieldRange(0.0, 1.0, "in [0, 1]")
+STEP_SIZE = FieldRange(FLOAT32_TINY, FLOAT32_MAX, "> 0")
+WEIGHT = FieldRange(0.0, FLOAT32_MAX, ">= 0")
+
+FIELD_RANGES: dict[str, FieldRange] = {
+    "total_timesteps": POSITIVE,
+    "learning_rate": STEP_SIZE,
+    "num_envs": POSITIVE,
+    "num_steps": POSITIVE,
+    "gamma": PROBABILITY,
+    "gae_lambda": PROBABILITY,
+    "num_minibatches": POSITIVE,
+    "update_epochs": POSITIVE,
+    "clip_coef": WEIGHT,
+    "ent_coef": WEIGHT,
+    "vf_coef": WEIGHT,
+    "max_grad_norm": STEP_SIZE,
+    # EnvPool takes seeds in int32 (it asserts so); negative ones it takes too, but CleanRL's script does not
+    # (np.random.seed refuses them), so a seed is one that both can run.
+    "seed": FieldRange(0, INT32_MAX, "a 32-bit seed >= 0 (the env backend takes int32 seeds)"),
+    "minibatch_unroll": POSITIVE,
+    "checkpoint_every": POSITIVE,
+    "num_seeds": POSITIVE,
+    "async_batch_size": FieldRange(0, INT32_MAX, "0 (off) or a positive integer"),
+}
+"""The allowed values of each int and float field of PPOConfig; its declared type says which it is."""
+
+FIELD_CHOICES: dict[str, tuple[str, ...]] = {"conv_impl": CONV_IMPLS}
+"""The allowed values of the str fields that take one of a few."""
+
+MAX_SHOWN = 60
+"""Characters of a value's repr that a message shows; longer ones are cut, so that a message is one line."""
+
+
+def _show(value: object) -> str:
+    """``repr(value)``, cut to ``MAX_SHOWN`` characters; repr keeps newlines out."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond Python's limit on digits
+        text = f"<int of {value.bit_length()} bits>" if isinstance(value, int) else f"<{type(value).__name__}>"
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+
+
+def _allowed(kind: object, name: str) -> str:
+    """What field ``name`` of type ``kind`` takes, in words."""
+    if kind is bool:
+        return "True or False"
+    if name in FIELD_CHOICES:
+        return "one of " + ", ".join(map(repr, FIELD_CHOICES[name]))
+    if kind is str:
+        return "a non-empty string"
+    low, high, _ = FIELD_RANGES[name]
+    if kind is int:
+        return f"an integer in {low} .. {high}"
+    return f"a number in [{low:.3g}, {high:.3g}] (float32)"
+
+
+def _type_problem(kind: object, value: object) -> str | None:
+    """Why ``value`` is not of the field's type ``kind``, or None if it is."""
+    is_bool = isinstance(value, bool)
+    if kind is bool:
+        return None if is_bool else f"is a {type(value).__name__}, not a bool"
+    if kind is int:
+        return None if isinstance(value, int) and not is_bool else f"is a {type(value).__name__}, not an integer"
+    if kind is float:
+        if is_bool or not isinstance(value, int | float):
+            return f"is a {type(value).__name__}, not a number"
+        if isinstance(value, float) and not math.isfinite(value):
+            return "is not finite"
+        if abs(value) > FLOAT32_MAX:
+            return f"does not fit float32 (largest {FLOAT32_MAX:.3g})"
+        return None
+    if kind is str:
+        return None if isinstance(value, str) and value else "is not a non-empty string"
+    raise TypeError(f"PPOConfig has a field of type {kind!r} that validate() does not know")
+
+
+def _check_field(name: str, kind: object, value: Any) -> None:
+    """Raise ConfigError unless ``value`` is of type ``kind`` and among field ``name``'s allowed values."""
+    problem = _type_problem(kind, value)
+    if problem is None and name in FIELD_CHOICES and value not in FIELD_CHOICES[name]:
+        problem = "is not a known choice"
+    if problem is None and name in FIELD_RANGES:
+        low, high, must_be = FIELD_RANGES[name]
+        if not low <= value <= high:
+            problem = f"must be {must_be}"
+    if problem is not None:
+        raise ConfigError(f"{name}={_show(value)} {problem}; allowed: {_allowed(kind, name)}")
 
 
 # CleanRL's ppo.py defaults for vector-observation tasks (CartPole-v1 and friends): only what differs.
