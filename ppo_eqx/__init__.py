@@ -1,4 +1,4 @@
-"""ppo_eqx: CleanRL's PPO for EnvPool's XLA interface, as typed pure functions in JAX and Equinox."""
+"""ppo_eqx: CleanRL's PPO for Atari on EnvPool's XLA interface, as typed pure functions in JAX and Equinox."""
 
 from ._types import AsyncTransition as AsyncTransition
 from ._types import Batch as Batch
@@ -6,12 +6,19 @@ from ._types import EnvOutput as EnvOutput
 from ._types import EpisodeStats as EpisodeStats
 from ._types import LossInfo as LossInfo
 from ._types import Transition as Transition
+from .checkpoint import Checkpoint as Checkpoint
+from .collect import Collector as Collector
+from .collect import async_collector as async_collector
+from .collect import sync_collector as sync_collector
 from .config import ConfigError as ConfigError
 from .config import PPOConfig as PPOConfig
 from .envs import AsyncEnv as AsyncEnv
+from .envs import AsyncPool as AsyncPool
+from .envs import EnvBackend as EnvBackend
 from .envs import EnvSpec as EnvSpec
-from .envs import make_async_env as make_async_env
-from .envs import make_env as make_env
+from .envs import Pool as Pool
+from .envs import make_async_pool as make_async_pool
+from .envs import make_pool as make_pool
 from .gae import compute_gae as compute_gae
 from .gae import compute_gae_by_env as compute_gae_by_env
 from .loss import model_loss as model_loss
@@ -22,6 +29,7 @@ from .rollout import RolloutCarry as RolloutCarry
 from .rollout import async_rollout as async_rollout
 from .rollout import init_episode_stats as init_episode_stats
 from .rollout import rollout as rollout
+from .train import OneDevice as OneDevice
 from .train import Trainer as Trainer
 from .train import TrainState as TrainState
 from .train import make_iteration as make_iteration

@@ -1,6 +1,6 @@
 """Checkpoints in ``RUN_DIR/checkpoints``: ``iter_NNNNNN.eqx`` (the arrays) beside ``iter_NNNNNN.json``.
 
-The ``.eqx`` file is ``eqx.tree_serialise_leaves`` of a ``train.Checkpoint`` (model, optimizer state, key,
+The ``.eqx`` file is ``eqx.tree_serialise_leaves`` of a ``Checkpoint`` (model, optimizer state, key,
 episode statistics, iteration); the ``.json`` file holds the config, the iteration, and the size and SHA-256
 of the ``.eqx`` file. Each is written to a temporary file, fsynced and renamed over its name, the ``.eqx``
 first: a checkpoint exists once its ``.json`` does, and a kill at any moment leaves the previous ones whole.
@@ -11,61 +11,80 @@ built from the config.
 import hashlib
 import io
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int, Key, PRNGKeyArray, PyTree, UInt32
 
-from .config import ConfigError, PPOConfig
+from ._types import EpisodeStats
+from .config import ConfigError, ConvImpl, PPOConfig
 from .envs import EnvSpec
-from .train import Checkpoint, all_finite, init_checkpoint
+from .networks import ActorCritic
+from .rollout import init_episode_stats
+from .rundir import CHECKPOINT_DIR, CONFIG, RunDirError, json_bytes, write_atomic
+from .update import make_optimizer
 
 FORMAT_VERSION = 1
-CHECKPOINT_DIR = "checkpoints"
 _NAME = re.compile(r"iter_(\d{6,})\.json")
 
+AgentKeys = Key[Array, "*S"] | UInt32[Array, "*S 2"]
+"""A PRNG key, or with ``num_seeds`` S > 1 one per agent."""
 
-class CheckpointError(Exception):
-    """A checkpoint that is missing, unreadable, damaged or from another run; the message is one line."""
+
+class Checkpoint(eqx.Module):
+    """What a checkpoint holds: the training state less the envs (a backend's env state cannot be saved).
+
+    ``stats`` keeps the last finished episode of every env; its running episodes are dropped on restore, as
+    the envs are made afresh. With ``num_seeds`` S > 1 every field but ``iteration`` has a leading ``S`` axis.
+    """
+
+    model: ActorCritic
+    opt_state: PyTree
+    key: AgentKeys
+    stats: EpisodeStats
+    iteration: Int[Array, ""]
+
+
+def init_checkpoint(config: PPOConfig, spec: EnvSpec) -> Checkpoint:
+    """A fresh run's model, optimizer state, key and episode statistics, at iteration 0; under
+    ``eqx.filter_eval_shape`` the "like" tree that a checkpoint loads into.
+
+    With ``num_seeds`` S > 1 each is stacked over a leading ``S`` axis (``eqx.filter_vmap`` over the seeds),
+    agent s initialised as the single-seed run with seed ``seed + s``.
+    """
+    optimizer = make_optimizer(config)
+    conv_impl: ConvImpl = config.conv_impl  # type: ignore[assignment]  # validated by PPOConfig
+
+    def init(seed: int | Int[Array, ""]) -> tuple[ActorCritic, PyTree, PRNGKeyArray, EpisodeStats]:
+        key, model_key = jax.random.split(jax.random.PRNGKey(seed))
+        model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=conv_impl, key=model_key)
+        opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+        return model, opt_state, key, init_episode_stats(config.num_envs)
+
+    if config.num_seeds == 1:
+        agents = init(config.seed)
+    else:
+        agents = eqx.filter_vmap(init)(config.seed + jnp.arange(config.num_seeds))
+    return Checkpoint(*agents, jnp.zeros((), jnp.int32))
+
+
+@eqx.filter_jit
+def all_finite(tree: PyTree) -> Bool[Array, ""]:
+    """True when every floating-point leaf of ``tree`` is finite (no NaN, no inf)."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+CheckpointError = RunDirError
+"""A checkpoint that is missing, unreadable, damaged or from another run: the run directory's one error type."""
 
 
 def checkpoint_name(iteration: int) -> str:
     return f"iter_{iteration:06d}"
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file, fsync it and rename it to ``path``; on failure remove the temporary
-    file and leave ``path`` as it was."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        try:
-            _write_all(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -119,7 +138,7 @@ def save_checkpoint(
     }
     write_atomic(directory / f"{name}.eqx", data)
     path = directory / f"{name}.json"
-    write_atomic(path, (json.dumps(metadata, indent=2, allow_nan=False) + "\n").encode())
+    write_atomic(path, json_bytes(metadata))
     _prune(run_dir, keep)
     return path
 
@@ -140,7 +159,7 @@ def _prune(run_dir: Path, keep: int) -> None:
 def resolve_checkpoint(path: Path) -> Path:
     """The ``.json`` of a checkpoint given as a run directory (its newest), a ``.json`` or an ``.eqx`` path."""
     if path.is_dir():
-        if (path / CHECKPOINT_DIR).is_dir() or (path / "config.json").exists():
+        if (path / CHECKPOINT_DIR).is_dir() or (path / CONFIG).exists():
             checkpoints = list_checkpoints(path)
             if not checkpoints:
                 raise CheckpointError(f"{path} holds no checkpoint (no {CHECKPOINT_DIR}/iter_*.json)")

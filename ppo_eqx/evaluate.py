@@ -12,9 +12,9 @@ from jaxtyping import PRNGKeyArray
 
 from ._types import EpisodeStats
 from .config import PPOConfig
-from .envs import make_env
+from .envs import backend, derived_seeds
 from .networks import ActorCritic
-from .rollout import RolloutCarry, init_episode_stats, update_episode_stats
+from .rollout import RolloutCarry, init_episode_stats, sample_actions, update_episode_stats
 
 EVAL_STREAM = 2**32 - 1
 """Second word of the SeedSequence entropy of evaluation envs; training's segments use the iteration there."""
@@ -31,9 +31,8 @@ class Evaluation(NamedTuple):
 
 
 def eval_env_seeds(seed: int, num_envs: int) -> list[int]:
-    """EnvPool seeds of the evaluation envs: apart from every segment of training that shares ``seed``."""
-    entropy = [seed % 2**32, EVAL_STREAM]
-    return [int(s) % 2**31 for s in np.random.SeedSequence(entropy).generate_state(num_envs)]
+    """Seeds of the evaluation envs: apart from every segment of training that shares ``seed``."""
+    return derived_seeds(seed, EVAL_STREAM, num_envs)
 
 
 def episode_quotas(episodes: int, num_envs: int) -> list[int]:
@@ -49,6 +48,7 @@ def evaluate(
     greedy: bool = False,
     on_frame: Callable[[np.ndarray], None] | None = None,
     seed: int,
+    env_backend: str = "envpool",
     key: PRNGKeyArray,
 ) -> Evaluation:
     """Play ``episodes`` games of ``config.env_id`` with ``model``'s policy (sampled, or its argmax if ``greedy``).
@@ -62,9 +62,7 @@ def evaluate(
         raise ValueError(f"episodes={episodes} must be at least 1")
     num_envs = min(episodes, MAX_ENVS)
     quotas = episode_quotas(episodes, num_envs)
-    _, handle, env_step, pool, first_obs = make_env(
-        config.replace(num_envs=num_envs), env_seed=eval_env_seeds(seed, num_envs), render=on_frame is not None
-    )
+    pool = backend(env_backend).make(config.env_id, eval_env_seeds(seed, num_envs), render=on_frame is not None)
 
     @eqx.filter_jit
     def act(model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Any, EpisodeStats]:
@@ -72,22 +70,22 @@ def evaluate(
         if greedy:
             action = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         else:
-            action = jax.random.categorical(key, logits).astype(jnp.int32)
-        handle, out = env_step(carry.handle, action)
+            action = sample_actions(key, logits)
+        handle, out = pool.step(carry.handle, action)
         stats = update_episode_stats(carry.stats, out)
         return RolloutCarry(handle, out.obs, stats), out.game_over, stats
 
-    carry = RolloutCarry(jnp.asarray(handle), jnp.asarray(first_obs), init_episode_stats(num_envs))
+    carry = RolloutCarry(pool.handle, jnp.asarray(pool.first_obs), init_episode_stats(num_envs))
     finished: list[list[tuple[float, int]]] = [[] for _ in range(num_envs)]
     recording = on_frame is not None
     if on_frame is not None:
-        on_frame(pool.render(env_ids=0)[0])
+        on_frame(pool.render(0))
     while any(len(done) < quota for done, quota in zip(finished, quotas, strict=True)):
         key, step_key = jax.random.split(key)
         carry, game_over, stats = act(model, carry, step_key)
         over = np.asarray(game_over)
         if recording and on_frame is not None:
-            on_frame(pool.render(env_ids=0)[0])
+            on_frame(pool.render(0))
             recording = not over[0]
         if over.any():
             returns, lengths = np.asarray(stats.returned_episode_returns), np.asarray(stats.returned_episode_lengths)

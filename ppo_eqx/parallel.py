@@ -7,8 +7,7 @@ same optax step runs on every device, and the parameters and optimizer state sta
 several processes (``jax.distributed.initialize``): the code is the same, XLA's collectives cross hosts.
 """
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import equinox as eqx
@@ -22,23 +21,17 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree, Shaped
 
 from ._types import Batch, LossInfo
+from .checkpoint import Checkpoint
+from .collect import Collector
 from .config import ConfigError, PPOConfig
-from .envs import EnvSpec, make_env
 from .loss import normalize_advantages
 from .networks import ActorCritic
-from .rollout import RolloutCarry
 from .train import (
-    Checkpoint,
+    EnvShare,
     Metrics,
-    Trainer,
     TrainState,
-    _Segment,
-    all_finite,
     episode_metrics,
     fresh_episodes,
-    init_agents,
-    rollout_batch,
-    segment_env_seeds,
     update_metrics,
     update_settings,
 )
@@ -201,23 +194,107 @@ def check_mesh_config(config: PPOConfig, mesh: Mesh) -> None:
         )
 
 
-class _MeshIteration:
+class MeshPlacement:
+    """The ``Trainer``'s placement for data parallelism over ``mesh``, which may span several processes (hosts).
+
+    Each process steps its own pool of ``num_envs / P`` envs: env i of the run (its seed as in the one-process
+    run) lives in the process whose devices come ``i // (num_envs / P)``-th in the mesh, and draws the action it
+    would draw there (``rollout``'s ``first_env``). Each process rolls out and computes GAE for its envs on its
+    first device; the update is ``sharded_update`` of the global ``[T, N]`` batch, so the run computes what the
+    one-device run computes, up to the order of floating-point sums.
+
+    The model and optimizer state are global arrays replicated over ``mesh``; the carry, key and iteration are
+    the process's own (the key and iteration are the same everywhere). A ``Trainer``'s ``step``, ``checkpoint``
+    and ``finite`` are then collective: every process must call them, in the same order. ``checkpoint`` returns
+    the one-process run's checkpoint, the same in every process (write it from one).
+    """
+
+    def __init__(self, config: PPOConfig, mesh: Mesh):
+        check_mesh_config(config, mesh)
+        processes = jax.process_count()
+        order = [d.process_index for d in mesh.devices.flat]
+        positions = [i for i, p in enumerate(order) if p == jax.process_index()]
+        contiguous = positions == list(range(positions[0], positions[0] + len(positions)))
+        if not contiguous or len(positions) * processes != len(order):
+            raise ValueError("each process must hold an equal, contiguous block of the mesh's devices")
+        local_envs = config.num_envs // processes
+        self.share = EnvShare(positions[0] // len(positions) * local_envs, local_envs, config.num_envs)
+        self.mesh, self.config = mesh, config
+        self._static: Any = None
+        self._learn: Any = None
+
+    def place(self, checkpoint: Checkpoint, collector: Collector) -> TrainState:
+        first, count = self.share.first, self.share.count
+        stats = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[first : first + count]), checkpoint.stats)
+        carry = collector.carry(fresh_episodes(stats))
+        self._static = eqx.partition(checkpoint.model, eqx.is_array)[1]
+        model, opt_state = replicate(checkpoint.model, self.mesh), replicate(checkpoint.opt_state, self.mesh)
+        return TrainState(model, opt_state, carry, checkpoint.key, checkpoint.iteration)
+
+    def program(self, config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation) -> Any:
+        if self._learn is None:
+            self._learn = jax.jit(self._learn_fn(config, optimizer))
+        return _MeshProgram(self, collector)
+
+    def _learn_fn(self, config: PPOConfig, optimizer: optax.GradientTransformation) -> Any:
+        def learn(params: PyTree, opt_state: PyTree, batch: Batch, key: PRNGKeyArray) -> tuple[PyTree, PyTree, Metrics]:
+            """``sharded_update`` of the model's arrays (``jax.jit`` of this lowers for a batch of shapes alone)."""
+            model, opt_state, infos = sharded_update(
+                eqx.combine(params, self._static),
+                opt_state,
+                batch,
+                mesh=self.mesh,
+                optimizer=optimizer,
+                **update_settings(config),
+                key=key,
+            )
+            return eqx.filter(model, eqx.is_array), opt_state, update_metrics(opt_state, infos)
+
+        return learn
+
+    def learn(self, state: TrainState, batch: Batch, key: PRNGKeyArray) -> tuple[ActorCritic, PyTree, Metrics]:
+        """The data-parallel update of one global batch; returns the model, optimizer state and metrics."""
+        params = eqx.filter(state.model, eqx.is_array)
+        params, opt_state, metrics = self._learn(params, state.opt_state, batch, replicate(key, self.mesh))
+        return eqx.combine(params, self._static), opt_state, metrics
+
+    def compile_learn(self, state: TrainState) -> None:
+        """Compile the sharded update for the global batch's shapes, dtypes and shardings."""
+        mesh, obs = self.mesh, state.carry.obs
+        steps_envs = (self.config.num_steps, self.config.num_envs)
+        split = NamedSharding(mesh, PartitionSpec(None, mesh.axis_names[0]))
+        floats = jax.ShapeDtypeStruct(steps_envs, jnp.float32, sharding=split)
+        batch = Batch._make(
+            [
+                jax.ShapeDtypeStruct(steps_envs + obs.shape[1:], obs.dtype, sharding=split),
+                jax.ShapeDtypeStruct(steps_envs, jnp.int32, sharding=split),
+                *[floats] * 4,
+            ]
+        )
+        key = jax.ShapeDtypeStruct(state.key.shape, state.key.dtype, sharding=NamedSharding(mesh, PartitionSpec()))
+        self._learn.lower(eqx.filter(state.model, eqx.is_array), state.opt_state, batch, key).compile()
+
+    def checkpoint(self, state: TrainState) -> Checkpoint:
+        stats = jax.tree.map(lambda x: jnp.asarray(gather_envs(x)), state.carry.stats)
+        return Checkpoint(local(state.model), local(state.opt_state), state.key, stats, state.iteration)
+
+
+class _MeshProgram:
     """One data-parallel iteration: this process's rollout and GAE (compiled against its pool), then the
-    sharded update of the global batch. ``lower`` lowers the rollout part (the part bound to the pool)."""
+    sharded update of the global batch."""
 
-    def __init__(self, trainer: "MeshTrainer", collect: Callable[..., Any]):
-        self.trainer, self.collect = trainer, collect
+    def __init__(self, placement: MeshPlacement, collector: Collector):
+        def collect(model: ActorCritic, carry: Any, key: PRNGKeyArray) -> tuple[Any, Batch, PRNGKeyArray, PRNGKeyArray]:
+            key, rollout_key, update_key = jax.random.split(key, 3)
+            carry, batch = collector.collect(model, carry, rollout_key)
+            return carry, batch, key, update_key
 
-    def lower(self, state: TrainState) -> Any:
-        return self.collect.lower(local(state.model), state.carry, state.key)  # type: ignore[attr-defined]
+        self.placement, self.collector = placement, collector
+        self._collect = eqx.filter_jit(eqx.debug.assert_max_traces(collect, max_traces=1), donate="all-except-first")
 
     def __call__(self, state: TrainState) -> tuple[TrainState, Metrics]:
-        trainer = self.trainer
-        carry, batch, key, update_key = self.collect(local(state.model), state.carry, state.key)
-        batch = shard_batch(batch, trainer.mesh)
-        model, opt_state, metrics = trainer.learn(
-            state.model, state.opt_state, batch, replicate(update_key, trainer.mesh)
-        )
+        carry, batch, key, update_key = self._collect(local(state.model), state.carry, state.key)
+        model, opt_state, metrics = self.placement.learn(state, shard_batch(batch, self.placement.mesh), update_key)
         metrics = {name: local(value) for name, value in metrics.items()}
         stats = carry.stats._replace(
             returned_episode_returns=gather_envs(carry.stats.returned_episode_returns),
@@ -226,120 +303,10 @@ class _MeshIteration:
         metrics.update(episode_metrics(stats))
         return TrainState(model, opt_state, carry, key, state.iteration + 1), metrics
 
+    def prime(self, state: TrainState) -> TrainState:
+        carry, key = self.collector.prime(local(state.model), state.carry, state.key)
+        return TrainState(state.model, state.opt_state, carry, key, state.iteration)
 
-class MeshTrainer(Trainer):
-    """``Trainer`` with data parallelism over ``mesh``, which may span several processes (hosts).
-
-    Each process steps its own EnvPool of ``num_envs / P`` envs: env i of the run (its seed as in the
-    one-process run) lives in the process whose devices come ``i // (num_envs / P)``-th in the mesh, and
-    draws the action it would draw there (``rollout``'s ``first_env``). Each process rolls out and computes
-    GAE for its envs on its first device; the update is ``sharded_update`` of the global ``[T, N]`` batch, so
-    the run computes what the one-device ``Trainer`` computes, up to the order of floating-point sums.
-
-    The model and optimizer state are global arrays replicated over ``mesh``; the carry, key and iteration
-    are the process's own (the key and iteration are the same everywhere). ``step``, ``checkpoint`` and
-    ``finite`` are collective: every process must call them, in the same order. ``checkpoint`` returns the
-    one-process run's checkpoint, the same in every process (write it from one).
-    """
-
-    def __init__(self, config: PPOConfig, *, mesh: Mesh, restore: Checkpoint | None = None):
-        config = config.validate()
-        self.mesh = mesh
-        check_mesh_config(config, mesh)
-        processes = jax.process_count()
-        order = [d.process_index for d in mesh.devices.flat]
-        positions = [i for i, p in enumerate(order) if p == jax.process_index()]
-        contiguous = positions == list(range(positions[0], positions[0] + len(positions)))
-        if not contiguous or len(positions) * processes != len(order):
-            raise ValueError("each process must hold an equal, contiguous block of the mesh's devices")
-        self.local_envs = config.num_envs // processes
-        self.first_env = positions[0] // len(positions) * self.local_envs
-        self.local_config = config.replace(num_envs=self.local_envs)
-        self._learn_jit = jax.jit(self._learn_params)
-        super().__init__(config, restore=restore)
-        self._static = eqx.partition(self.state.model, eqx.is_array)[1]
-
-    def _learn_params(
-        self, params: PyTree, opt_state: PyTree, batch: Batch, key: PRNGKeyArray
-    ) -> tuple[PyTree, PyTree, Metrics]:
-        """``sharded_update`` of the model's arrays (``jax.jit`` of this lowers for a batch of shapes alone)."""
-        model, opt_state, infos = sharded_update(
-            eqx.combine(params, self._static),
-            opt_state,
-            batch,
-            mesh=self.mesh,
-            optimizer=self.optimizer,
-            **update_settings(self.config),
-            key=key,
-        )
-        return eqx.filter(model, eqx.is_array), opt_state, update_metrics(opt_state, infos)
-
-    def learn(
-        self, model: ActorCritic, opt_state: PyTree, batch: Batch, key: Any
-    ) -> tuple[ActorCritic, PyTree, Metrics]:
-        """The data-parallel update of one global batch; returns the model, optimizer state and metrics."""
-        params, opt_state, metrics = self._learn_jit(eqx.filter(model, eqx.is_array), opt_state, batch, key)
-        return eqx.combine(params, self._static), opt_state, metrics
-
-    def _initial_state(self, restore: Checkpoint | None) -> TrainState:
-        segment, mesh = self._segment, self.mesh
-        model, opt_state, key, stats = init_agents(self.local_config, self.spec, self.optimizer)
-        if restore is not None:
-            own = slice(self.first_env, self.first_env + self.local_envs)
-            stats = fresh_episodes(jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[own]), restore.stats))
-            model, opt_state, key = restore.model, restore.opt_state, restore.key
-        carry = RolloutCarry(segment.handle, jnp.asarray(segment.first_obs), stats)
-        iteration = jnp.zeros((), jnp.int32) if restore is None else restore.iteration
-        return TrainState(replicate(model, mesh), replicate(opt_state, mesh), carry, key, iteration)
-
-    def _make_envs(self, start: int) -> tuple[EnvSpec, _Segment]:
-        config, local_config = self.config, self.local_config
-        seeds = segment_env_seeds(config.seed, start, config.num_envs)
-        if seeds is None:  # EnvPool's own seeding of the first segment (seed + i), made explicit
-            seeds = [config.seed + i for i in range(config.num_envs)]
-        own = seeds[self.first_env : self.first_env + self.local_envs]
-        spec, handle, env_step, pool, first_obs = make_env(local_config, env_seed=own)
-        total = config.num_envs
-
-        def collect(
-            model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray
-        ) -> tuple[RolloutCarry, Batch, PRNGKeyArray, PRNGKeyArray]:
-            key, rollout_key, update_key = jax.random.split(key, 3)
-            carry, batch = rollout_batch(
-                local_config, model, env_step, carry, key=rollout_key, first_env=self.first_env, total_envs=total
-            )
-            return carry, batch, key, update_key
-
-        collect = eqx.filter_jit(eqx.debug.assert_max_traces(collect, max_traces=1), donate="all-except-first")
-        iteration = _MeshIteration(self, collect)
-        return spec, _Segment(start, pool, jnp.asarray(handle), first_obs, iteration)  # type: ignore[arg-type]
-
-    def compile(self) -> float:
-        """Compile this process's rollout and the sharded update ahead of the first step; returns the seconds."""
-        start = time.perf_counter()
-        self._segment.iteration.lower(self.state).compile()  # type: ignore[attr-defined]
-        config, spec, mesh = self.config, self.spec, self.mesh
-        steps_envs = (config.num_steps, config.num_envs)
-        split = NamedSharding(mesh, PartitionSpec(None, mesh.axis_names[0]))
-        floats = jax.ShapeDtypeStruct(steps_envs, jnp.float32, sharding=split)
-        batch = Batch._make(  # the shapes, dtypes and shardings of the global batch, for lowering
-            [
-                jax.ShapeDtypeStruct(steps_envs + spec.obs_shape, spec.obs_dtype, sharding=split),
-                jax.ShapeDtypeStruct(steps_envs, jnp.int32, sharding=split),
-                *[floats] * 4,
-            ]
-        )
-        key = jax.ShapeDtypeStruct(
-            self.state.key.shape, self.state.key.dtype, sharding=NamedSharding(mesh, PartitionSpec())
-        )
-        params = eqx.filter(self.state.model, eqx.is_array)
-        self._learn_jit.lower(params, self.state.opt_state, batch, key).compile()
-        return time.perf_counter() - start
-
-    def checkpoint(self) -> Checkpoint:
-        state = self.state
-        stats = jax.tree.map(lambda x: jnp.asarray(gather_envs(x)), state.carry.stats)
-        return Checkpoint(local(state.model), local(state.opt_state), state.key, stats, state.iteration)
-
-    def finite(self) -> bool:
-        return bool(all_finite(local((self.state.model, self.state.opt_state))))
+    def compile(self, state: TrainState) -> None:
+        self._collect.lower(local(state.model), state.carry, state.key).compile()  # pyright: ignore
+        self.placement.compile_learn(state)

@@ -45,6 +45,12 @@ class RunDirError(ValueError):
     """A run directory that is refused (exists, unwritable, a file) or damaged; the message is one line."""
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, fsync it and rename it over ``path``; on any failure
     remove the temporary file and leave ``path`` as it was. A crash leaves the old file or the new one."""
@@ -52,9 +58,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -121,3 +125,76 @@ def truncate_metrics(path: Path, last_iteration: int) -> int:
                 kept.append(line + "\n")
     write_atomic(path, "".join(kept).encode())
     return len(kept)
+
+
+MAX_PATH = 4096
+MAX_NAME = 255
+
+
+def check_path(flag: str, path: Path) -> None:
+    """RunDirError unless ``path`` could be a file or directory to write: not empty, not too long, and no
+    part of it an existing file (a path "inside a file")."""
+    text = str(path)
+    if not text or text == ".":
+        raise RunDirError(f"{flag} is empty; allowed: a path")
+    if len(text) > MAX_PATH or any(len(part) > MAX_NAME for part in path.parts):
+        raise RunDirError(f"{flag} {text[:60]}... is too long; allowed: {MAX_PATH} characters, {MAX_NAME} a name")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise RunDirError(f"{flag} {path}: {parent} is a file, not a directory")
+
+
+def run_file(path: Path, run_dir: Path) -> str | None:
+    """The name of ``run_dir``'s own file that ``path`` is (or lies in), else None (``eval.json`` excepted)."""
+    try:
+        relative = path.resolve().relative_to(run_dir.resolve())
+    except ValueError:
+        return None
+    name = relative.parts[0] if relative.parts else "."
+    own = name in (*RUN_FILES, SEEDS_CONFIG, CHECKPOINT_DIR, ".") or Path(name).match(TENSORBOARD_GLOB)
+    return None if name == EVAL else name if own else None
+
+
+def check_output(flag: str, path: Path, run_dir: Path) -> None:
+    """RunDirError unless ``path`` can be written by ``ppo-eqx eval``: a writable place that is not a
+    directory and not one of the run's own files (``eval.json`` is eval's own)."""
+    check_path(flag, path)
+    if path.is_dir():
+        raise RunDirError(f"{flag} {path} is a directory; allowed: a file name")
+    own = run_file(path, run_dir)
+    if own is not None:
+        raise RunDirError(f"{flag} {path} is the run's own {own}; allowed: another file")
+    parent = path.parent
+    if not parent.is_dir():
+        raise RunDirError(f"{flag} {path}: no directory {parent}")
+    if not os.access(parent, os.W_OK):
+        raise RunDirError(f"{flag} {path}: {parent} is not writable")
+
+
+def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """RunDirError unless a new run may be written to ``run_dir`` (nothing is written or created here)."""
+    check_path("--run-dir", run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"--run-dir {run_dir} is a file, not a directory")
+    if holds_run(run_dir) and not overwrite:
+        raise RunDirError(
+            f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it "
+            f"or --resume {run_dir} to continue it"
+        )
+    existing = next((p for p in (run_dir, *run_dir.parents) if p.exists()), Path("."))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunDirError(f"--run-dir {run_dir} is not writable: {existing} is not writable")
+
+
+def make_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """Create ``run_dir`` (and its parents) and, with ``overwrite``, clear the run it holds: call only once
+    every input has been checked."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise RunDirError(f"--run-dir {run_dir} is not writable: {error.strerror}") from None
+    if overwrite and holds_run(run_dir):
+        clear_run(run_dir)

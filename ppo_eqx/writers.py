@@ -1,14 +1,14 @@
-"""The run directory: config.json, hardware.json, metrics.jsonl, TensorBoard events, summary.json, and an
-optional Weights & Biases run."""
+"""What a run writes as it goes: config.json, hardware.json, metrics.jsonl, TensorBoard events, summary.json,
+and an optional Weights & Biases run (file names and layout: ``rundir``)."""
 
 import json
 import math
-import os
 import uuid
 from pathlib import Path
 from typing import Any
 
 from .config import PPOConfig
+from .rundir import CONFIG, HARDWARE, METRICS, SUMMARY, WANDB, write_json
 
 # CleanRL's TensorBoard tags for the metrics it logs.
 TENSORBOARD_TAGS = {
@@ -27,40 +27,6 @@ TENSORBOARD_TAGS = {
 
 def _finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def write_json(path: Path, data: Any) -> None:
-    """Write ``data`` as JSON atomically: a crash leaves the old file or the new one, never half of one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, allow_nan=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def truncate_metrics(path: Path, last_iteration: int) -> int:
-    """Keep the rows of ``metrics.jsonl`` up to ``last_iteration`` (and none that a kill cut short); atomic.
-
-    Returns the number of rows kept.
-    """
-    kept = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("iteration"), int) and row["iteration"] <= last_iteration:
-                kept.append(line + "\n")
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.writelines(kept)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return len(kept)
 
 
 class RunWriter:
@@ -83,10 +49,10 @@ class RunWriter:
     ):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(run_dir / "config.json", config.to_dict())
-        if resume_step is None or not (run_dir / "hardware.json").exists():
-            write_json(run_dir / "hardware.json", hardware)
-        self._metrics = open(run_dir / "metrics.jsonl", "a")
+        write_json(run_dir / CONFIG, config.to_dict())
+        if resume_step is None or not (run_dir / HARDWARE).exists():
+            write_json(run_dir / HARDWARE, hardware)
+        self._metrics = open(run_dir / METRICS, "a")
         self._tensorboard = None
         self._wandb = wandb_run
         if tensorboard:
@@ -113,7 +79,7 @@ class RunWriter:
             self._wandb.log({**scalars, "global_step": record["global_step"]}, step=record["global_step"])
 
     def finish(self, summary: dict[str, Any]) -> None:
-        write_json(self.run_dir / "summary.json", {k: _finite_or_none(v) for k, v in summary.items()})
+        write_json(self.run_dir / SUMMARY, {k: _finite_or_none(v) for k, v in summary.items()})
 
     def close(self) -> None:
         self._metrics.close()
@@ -130,7 +96,7 @@ def start_wandb(run_dir: Path, config: PPOConfig, *, project: str, entity: str |
     """
     import wandb  # pyright: ignore[reportMissingImports]
 
-    id_file = run_dir / "wandb.json"
+    id_file = run_dir / WANDB
     run_id = json.loads(id_file.read_text())["id"] if id_file.exists() else uuid.uuid4().hex[:12]
     write_json(id_file, {"id": run_id, "project": project, "entity": entity})
     return wandb.init(
