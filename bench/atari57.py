@@ -26,7 +26,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the package
     sys.path.insert(0, str(REPO_ROOT))
 
-from ppo_eqx.atari_games import ATARI_57  # noqa: E402
+from ppo_eqx.rundir import SUMMARY  # noqa: E402
+from ppo_eqx_bench.atari_games import ATARI_57  # noqa: E402
 
 # Flags the runner sets itself; passing them after `--` would contradict the run directory's name.
 RUNNER_FLAGS = ("--env-id", "--seed", "--total-timesteps", "--run-dir")
@@ -74,7 +75,7 @@ def plan(games: Sequence[str], seeds: Sequence[int], sweep_dir: Path) -> tuple[l
     for seed in seeds:
         for env_id in games:
             run_dir = sweep_dir / run_dir_name(env_id, seed)
-            if (run_dir / "summary.json").is_file():
+            if (run_dir / SUMMARY).is_file():
                 finished.append(PlannedRun(env_id, seed, run_dir, interrupted=False))
             else:
                 todo.append(PlannedRun(env_id, seed, run_dir, interrupted=run_dir.exists()))
@@ -94,7 +95,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         nargs="+",
         default=list(ATARI_57),
         metavar="ENV_ID",
-        help="EnvPool task ids (default: the 57 Atari games of ppo_eqx.atari_games.ATARI_57)",
+        help="EnvPool task ids (default: the 57 Atari games of ppo_eqx_bench.atari_games.ATARI_57)",
     )
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="(default: 1 2 3)")
     parser.add_argument("--total-timesteps", type=int, default=10_000_000, help="steps per run (default: %(default)s)")
@@ -147,6 +148,23 @@ def _child_env(jobs: int) -> dict[str, str]:
     return env
 
 
+def _start(run: PlannedRun, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+    """Start one run with its output in its log; None when the command cannot start (no such launcher)."""
+    run.log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(run.log_path, "w") as log:
+        log.write(f"# {shlex.join(command)}\n")
+        log.flush()
+        try:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        except OSError as error:  # this run fails, the others may not
+            log.write(f"cannot start: {error}\n")
+            print(f"{run.env_id} seed {run.seed}: FAILED to start: {error}", flush=True)
+            return None
+    overwrite = " (--overwrite)" if run.interrupted else ""
+    print(f"start {run.env_id} seed {run.seed}{overwrite}: {shlex.join(command)}", flush=True)
+    return process
+
+
 def launch(
     todo: Sequence[PlannedRun], launcher: list[str], total_timesteps: int, extra: Sequence[str], jobs: int
 ) -> tuple[list[PlannedRun], list[PlannedRun], list[PlannedRun]]:
@@ -169,7 +187,7 @@ def launch(
     def reap(process: subprocess.Popen[bytes], returncode: int) -> None:
         run, start = running.pop(process)
         minutes = (time.monotonic() - start) / 60.0
-        done = returncode == 0 and (run.run_dir / "summary.json").is_file()
+        done = returncode == 0 and (run.run_dir / SUMMARY).is_file()
         interrupted = stop.signum is not None
         (finished if done else stopped if interrupted else failed).append(run)
         outcome = "finished" if done else f"{'interrupted' if interrupted else 'FAILED'} (exit {returncode})"
@@ -183,24 +201,11 @@ def launch(
         while (pending or running) and stop.signum is None:
             while pending and len(running) < jobs and stop.signum is None:
                 run = pending.pop(0)
-                command = launcher + run.train_args(total_timesteps, extra)
-                run.log_path.parent.mkdir(parents=True, exist_ok=True)
-                with open(run.log_path, "w") as log:
-                    log.write(f"# {shlex.join(command)}\n")
-                    log.flush()
-                    try:
-                        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-                    except OSError as error:  # no such launcher: this run fails, the others may not
-                        log.write(f"cannot start: {error}\n")
-                        failed.append(run)
-                        print(f"{run.env_id} seed {run.seed}: FAILED to start: {error}", flush=True)
-                        continue
-                running[process] = (run, time.monotonic())
-                print(
-                    f"start {run.env_id} seed {run.seed}{' (--overwrite)' if run.interrupted else ''}: "
-                    f"{shlex.join(command)}",
-                    flush=True,
-                )
+                process = _start(run, launcher + run.train_args(total_timesteps, extra), env)
+                if process is None:
+                    failed.append(run)
+                else:
+                    running[process] = (run, time.monotonic())
             for process in list(running):
                 returncode = process.poll()
                 if returncode is not None:
@@ -239,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     launcher = shlex.split(args.launcher) if args.launcher else [sys.executable, "-m", "ppo_eqx"]
     args.sweep_dir.mkdir(parents=True, exist_ok=True)
     for run in skipped:
-        print(f"skip {run.env_id} seed {run.seed}: finished ({run.run_dir / 'summary.json'} exists)")
+        print(f"skip {run.env_id} seed {run.seed}: finished ({run.run_dir / SUMMARY} exists)")
     finished, failed, not_finished = launch(todo, launcher, args.total_timesteps, extra, args.jobs)
     print(
         f"finished {len(finished)}, skipped {len(skipped)}, failed {len(failed)}"

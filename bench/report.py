@@ -1,9 +1,11 @@
-"""Atari benchmark report: ppo_eqx's runs beside CleanRL's published minutes and returns.
+"""Benchmark report: ppo_eqx's runs beside CleanRL's published minutes and returns.
 
     python bench/report.py runs/atari57 --out reports/atari57
 
 Reads every run directory (one holding config.json) at or under the given paths, and writes
-OUT/report.md, OUT/report.json and PNG/SVG plots. The computations live in ppo_eqx/report.py.
+OUT/report.md, OUT/report.json and PNG/SVG plots. The reference tables ship with the project
+(ppo_eqx_bench/data/, sources and licences in its README.md); games without a reference (CartPole-v1, a
+vector task) are reported without those columns. The computations live in the ppo_eqx_bench package.
 """
 
 import argparse
@@ -15,9 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the package
     sys.path.insert(0, str(REPO_ROOT))
 
-from ppo_eqx import report  # noqa: E402
+from ppo_eqx_bench import anchors, stats  # noqa: E402
+from ppo_eqx_bench.report import write_report  # noqa: E402
 
-DEFAULT_ANCHORS = Path(__file__).resolve().parents[2] / "shared" / "anchors"
 ANCHORS_ENV = "PPO_EQX_ANCHORS"
 
 
@@ -25,7 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__,
         epilog="The conventions (final return, projection to 10M steps, HNS aggregates, intervals) are stated "
-        "in report.md itself and in the docstring of ppo_eqx/report.py.",
+        "in report.md itself and in the docstring of ppo_eqx_bench/stats.py.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("paths", nargs="+", type=Path, help="run directories or sweep directories holding them")
@@ -34,8 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--anchors",
         type=Path,
         default=None,
-        help=f"directory with {report.ANCHORS_CSV} and {report.HUMAN_RANDOM_CSV} "
-        f"(default: ${ANCHORS_ENV}, else {DEFAULT_ANCHORS})",
+        help=f"directory with {anchors.ANCHORS_CSV} and {anchors.HUMAN_RANDOM_CSV} "
+        f"(default: ${ANCHORS_ENV}, else the shipped ones in {anchors.DATA_DIR})",
     )
     parser.add_argument(
         "--include-unfinished",
@@ -46,16 +48,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--target-steps",
         type=int,
-        default=report.TARGET_STEPS,
+        default=stats.TARGET_STEPS,
         help="steps the minutes are compared at (default: %(default)s, the anchors')",
     )
     parser.add_argument(
-        "--resamples", type=int, default=report.NUM_RESAMPLES, help="bootstrap resamples (default: %(default)s)"
+        "--resamples", type=int, default=stats.NUM_RESAMPLES, help="bootstrap resamples (default: %(default)s)"
     )
     parser.add_argument(
         "--bootstrap-seed",
         type=int,
-        default=report.BOOTSTRAP_SEED,
+        default=stats.BOOTSTRAP_SEED,
         help="RNG seed of the bootstrap (default: %(default)s)",
     )
     return parser.parse_args(argv)
@@ -63,9 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    anchors_dir = args.anchors or Path(os.environ.get(ANCHORS_ENV) or DEFAULT_ANCHORS)
+    anchors_dir = args.anchors or Path(os.environ.get(ANCHORS_ENV) or anchors.DATA_DIR)
     try:
-        result = report.write_report(
+        result = write_report(
             args.paths,
             args.out,
             anchors_dir,
@@ -75,8 +77,13 @@ def main(argv: list[str] | None = None) -> int:
             num_resamples=args.resamples,
             bootstrap_seed=args.bootstrap_seed,
         )
-    except report.AnchorError as error:  # nothing sensible to compare against
+    except anchors.AnchorError as error:  # a reference that was asked for and cannot be read
         print(f"error: {error}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as error:
+        if error.name != "matplotlib":
+            raise
+        print("error: the plots need matplotlib: install the [bench] extra, or pass --no-plots", file=sys.stderr)
         return 2
     games = len({run.env_id for run in result.runs})
     print(

@@ -1,22 +1,23 @@
 """The Atari-57 runner without training: --dry-run output, resuming, and launching a fake trainer."""
 
-import csv
 import json
+import math
 import shlex
 import subprocess
 import sys
 import textwrap
+from dataclasses import astuple
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from ppo_eqx.atari_games import ATARI_57
+from ppo_eqx_bench.anchors import load_anchors
+from ppo_eqx_bench.atari_games import ATARI_57
 
 from .bench_scripts import load_bench_script
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SHARED_ANCHORS = REPO_ROOT.parent / "shared" / "anchors"
 
 
 @pytest.fixture(scope="module")
@@ -37,11 +38,20 @@ def test_atari_57_is_the_sorted_set_of_57_v5_games() -> None:
     assert {"Pong-v5", "Breakout-v5", "MontezumaRevenge-v5", "Surround-v5", "Defender-v5"} <= set(ATARI_57)
 
 
-@pytest.mark.skipif(not SHARED_ANCHORS.is_dir(), reason="no shared/anchors beside this checkout")
-def test_atari_57_is_the_anchor_games() -> None:
-    for name in ("cleanrl_ppo_atari_envpool_xla_jax.csv", "atari_human_random_scores.csv"):
-        with open(SHARED_ANCHORS / name, newline="") as file:
-            assert [row["env_id"] for row in csv.DictReader(file)] == list(ATARI_57), name
+def test_atari_57_is_the_games_of_both_shipped_reference_tables_in_order() -> None:
+    cleanrl, human_random = load_anchors()
+    assert list(cleanrl) == list(ATARI_57)
+    assert list(human_random) == list(ATARI_57)
+    values = [value for table in (cleanrl, human_random) for row in table.values() for value in astuple(row)]
+    assert all(math.isfinite(value) for value in values)  # no empty cell
+
+
+def test_the_shipped_scores_are_dqn_zoos() -> None:
+    _, human_random = load_anchors()
+    assert all(scores.human_score > scores.random_score for scores in human_random.values())
+    assert (human_random["Breakout-v5"].random_score, human_random["Breakout-v5"].human_score) == (1.7, 30.5)
+    assert (human_random["Pong-v5"].random_score, human_random["Pong-v5"].human_score) == (-20.7, 14.6)
+    assert (human_random["Skiing-v5"].random_score, human_random["Skiing-v5"].human_score) == (-17098.1, -4336.9)
 
 
 def test_dry_run_prints_every_command_seed_major(

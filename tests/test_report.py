@@ -15,6 +15,7 @@ import os
 import platform
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppo_eqx import report
 from ppo_eqx.hardware import _cpu_model, hardware_info
+from ppo_eqx.rundir import RunDirError
+from ppo_eqx_bench import anchors, report, runs, stats
 
 from .bench_scripts import load_bench_script
 
@@ -53,8 +55,8 @@ HARDWARE = {"cpu_model": "Test CPU", "cpu_count": 10, "gpu_name": "Test GPU", "j
 def anchors_dir(tmp_path: Path) -> Path:
     directory = tmp_path / "anchors"
     directory.mkdir()
-    (directory / report.ANCHORS_CSV).write_text(ANCHORS_CSV)
-    (directory / report.HUMAN_RANDOM_CSV).write_text(HUMAN_RANDOM_CSV)
+    (directory / anchors.ANCHORS_CSV).write_text(ANCHORS_CSV)
+    (directory / anchors.HUMAN_RANDOM_CSV).write_text(HUMAN_RANDOM_CSV)
     return directory
 
 
@@ -153,36 +155,37 @@ def sweep(tmp_path: Path) -> Path:
 
 
 def test_human_normalized_score_hand_values() -> None:
-    assert float(report.human_normalized_score(600.0, 100.0, 1100.0)) == pytest.approx(0.5)
-    assert float(report.human_normalized_score(100.0, 100.0, 1100.0)) == 0.0
-    assert float(report.human_normalized_score(30.0, -20.0, 20.0)) == pytest.approx(1.25)
-    np.testing.assert_allclose(report.human_normalized_score([-20.0, 0.0, 20.0], -20.0, 20.0), [0.0, 0.5, 1.0])
+    assert float(stats.human_normalized_score(600.0, 100.0, 1100.0)) == pytest.approx(0.5)
+    assert float(stats.human_normalized_score(100.0, 100.0, 1100.0)) == 0.0
+    assert float(stats.human_normalized_score(30.0, -20.0, 20.0)) == pytest.approx(1.25)
+    np.testing.assert_allclose(stats.human_normalized_score([-20.0, 0.0, 20.0], -20.0, 20.0), [0.0, 0.5, 1.0])
 
 
 def test_interquartile_mean_of_eight_drops_two_at_each_end() -> None:
     # sorted: 1 2 | 3 4 5 6 | 7 100 -> (3 + 4 + 5 + 6) / 4
-    assert report.interquartile_mean([100.0, 3.0, 1.0, 6.0, 2.0, 5.0, 7.0, 4.0]) == pytest.approx(4.5)
+    assert stats.interquartile_mean([100.0, 3.0, 1.0, 6.0, 2.0, 5.0, 7.0, 4.0]) == pytest.approx(4.5)
 
 
 def test_interquartile_mean_small_counts() -> None:
-    assert report.interquartile_mean([10.0, 1.0, 3.0, 2.0, 50.0]) == pytest.approx(5.0)  # (2 + 3 + 10) / 3
-    assert report.interquartile_mean([1.0, 2.0, 3.0, 4.0]) == pytest.approx(2.5)  # (2 + 3) / 2
-    assert report.interquartile_mean([1.0, 2.0, 9.0]) == pytest.approx(4.0)  # fewer than 4: plain mean
-    assert report.interquartile_mean([[1.0, 100.0], [2.0, 3.0]]) == pytest.approx(2.5)  # axes pooled
+    assert stats.interquartile_mean([10.0, 1.0, 3.0, 2.0, 50.0]) == pytest.approx(5.0)  # (2 + 3 + 10) / 3
+    assert stats.interquartile_mean([1.0, 2.0, 3.0, 4.0]) == pytest.approx(2.5)  # (2 + 3) / 2
+    assert stats.interquartile_mean([1.0, 2.0, 9.0]) == pytest.approx(4.0)  # fewer than 4: plain mean
+    assert stats.interquartile_mean([[1.0, 100.0], [2.0, 3.0]]) == pytest.approx(2.5)  # axes pooled
     with pytest.raises(ValueError):
-        report.interquartile_mean([])
+        stats.interquartile_mean([])
 
 
 @given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=40))
 def test_interquartile_mean_matches_scipy_trim_mean(values: list[float]) -> None:
-    stats = pytest.importorskip("scipy.stats")
-    assert report.interquartile_mean(values) == pytest.approx(stats.trim_mean(values, 0.25), rel=1e-9, abs=1e-6)
+    scipy_stats = pytest.importorskip("scipy.stats")
+    expected = scipy_stats.trim_mean(values, 0.25)  # rliable's aggregate_iqm
+    assert stats.interquartile_mean(values) == pytest.approx(expected, rel=1e-9, abs=1e-6)
 
 
 def test_aggregate_scores_hand_computed() -> None:
     # per-game means 0.5, 4, 10 -> median 4; pooled and sorted 0 | 1 2 4 6 | 10: floor(6/4) = 1 dropped at
     # each end -> (1 + 2 + 4 + 6) / 4 = 3.25.
-    aggregates = report.aggregate_scores([[0.0, 1.0], [2.0, 4.0, 6.0], [10.0]])
+    aggregates = stats.aggregate_scores([[0.0, 1.0], [2.0, 4.0, 6.0], [10.0]])
     assert aggregates["median"] == pytest.approx(4.0)
     assert aggregates["mean"] == pytest.approx((0.5 + 4.0 + 10.0) / 3)
     assert aggregates["iqm"] == pytest.approx(3.25)
@@ -193,13 +196,13 @@ def test_bootstrap_interval_hand_computed() -> None:
     1/4, 1/2, 1/4, so the mean (and, for two games, the median) over games is 5, 5.25 or 5.5: the 2.5% and
     97.5% percentiles are 5 and 5.5. The pooled IQM drops the smallest and largest of 4: (0,0,10,10) -> 5,
     otherwise 5.5 (probability 3/4): interval (5, 5.5)."""
-    intervals = report.stratified_bootstrap_ci([[0.0, 1.0], [10.0, 10.0]], num_resamples=2000, seed=0)
+    intervals = stats.stratified_bootstrap_ci([[0.0, 1.0], [10.0, 10.0]], num_resamples=2000, seed=0)
     for name in ("mean", "median", "iqm"):
         assert intervals[name] == pytest.approx((5.0, 5.5)), name
 
 
 def test_bootstrap_with_one_seed_per_game_has_no_spread() -> None:
-    intervals = report.stratified_bootstrap_ci([[0.2], [0.9], [0.4]], num_resamples=200)
+    intervals = stats.stratified_bootstrap_ci([[0.2], [0.9], [0.4]], num_resamples=200)
     assert intervals["median"] == pytest.approx((0.4, 0.4))
     assert intervals["mean"] == pytest.approx((0.5, 0.5))
     assert intervals["iqm"] == pytest.approx((0.5, 0.5))
@@ -209,30 +212,30 @@ def test_bootstrap_with_one_seed_per_game_has_no_spread() -> None:
     st.lists(st.lists(st.floats(-100.0, 100.0), min_size=1, max_size=5), min_size=1, max_size=6), st.integers(0, 2**31)
 )
 def test_bootstrap_interval_is_ordered_within_the_scores_and_repeatable(scores: list[list[float]], seed: int) -> None:
-    intervals = report.stratified_bootstrap_ci(scores, num_resamples=100, seed=seed)
+    intervals = stats.stratified_bootstrap_ci(scores, num_resamples=100, seed=seed)
     low_bound, high_bound = min(map(min, scores)), max(map(max, scores))
     for low, high in intervals.values():
         assert low_bound - 1e-9 <= low <= high <= high_bound + 1e-9
-    assert report.stratified_bootstrap_ci(scores, num_resamples=100, seed=seed) == intervals
+    assert stats.stratified_bootstrap_ci(scores, num_resamples=100, seed=seed) == intervals
 
 
 def test_final_return_is_the_mean_of_the_last_tenth_of_iterations() -> None:
-    assert report.final_return(np.arange(1.0, 21.0)) == pytest.approx(19.5)  # last 2 of 20
-    assert report.final_return(np.arange(1.0, 26.0)) == pytest.approx(24.0)  # ceil(2.5) = 3: 23, 24, 25
-    assert report.final_return([3.0]) == 3.0
+    assert stats.final_return(np.arange(1.0, 21.0)) == pytest.approx(19.5)  # last 2 of 20
+    assert stats.final_return(np.arange(1.0, 26.0)) == pytest.approx(24.0)  # ceil(2.5) = 3: 23, 24, 25
+    assert stats.final_return([3.0]) == 3.0
 
 
 def test_final_return_ignores_nan_and_falls_back_to_the_last_finite_value() -> None:
-    assert report.final_return([*np.arange(1.0, 19.0), NAN, 20.0]) == pytest.approx(20.0)
-    assert report.final_return([5.0, 7.0, NAN, NAN]) == 7.0  # window = last 1 iteration, NaN
-    assert math.isnan(report.final_return([NAN, NAN]))
-    assert math.isnan(report.final_return([]))
+    assert stats.final_return([*np.arange(1.0, 19.0), NAN, 20.0]) == pytest.approx(20.0)
+    assert stats.final_return([5.0, 7.0, NAN, NAN]) == 7.0  # window = last 1 iteration, NaN
+    assert math.isnan(stats.final_return([NAN, NAN]))
+    assert math.isnan(stats.final_return([]))
 
 
 @given(st.lists(st.one_of(st.just(NAN), st.floats(-1e3, 1e3)), min_size=1, max_size=50))
 def test_final_return_lies_within_the_finite_returns(returns: list[float]) -> None:
     finite = [value for value in returns if not math.isnan(value)]
-    value = report.final_return(returns)
+    value = stats.final_return(returns)
     if finite:
         assert min(finite) - 1e-9 <= value <= max(finite) + 1e-9
     else:
@@ -242,9 +245,9 @@ def test_final_return_lies_within_the_finite_returns(returns: list[float]) -> No
 def test_project_minutes_excludes_compilation_from_the_rate() -> None:
     # 30 s for the first 1000 steps (compilation), then 10 s per 1000 steps.
     steps, seconds = [1000, 2000, 3000], [30.0, 40.0, 50.0]
-    assert report.project_minutes(steps, seconds, target_steps=10_000_000) == pytest.approx(100_020.0 / 60.0)
-    assert report.project_minutes(steps, seconds, target_steps=3000) == pytest.approx(50.0 / 60.0)
-    assert math.isnan(report.project_minutes([1000], [30.0]))
+    assert stats.project_minutes(steps, seconds, target_steps=10_000_000) == pytest.approx(100_020.0 / 60.0)
+    assert stats.project_minutes(steps, seconds, target_steps=3000) == pytest.approx(50.0 / 60.0)
+    assert math.isnan(stats.project_minutes([1000], [30.0]))
 
 
 # ---------------------------------------------------------------------------------------- whole reports
@@ -427,12 +430,12 @@ def test_unfinished_runs_can_be_included_and_their_cut_last_line_is_dropped(tmp_
     )
     with open(run_dir / "metrics.jsonl", "a") as file:
         file.write('{"iteration": 4, "global_st')  # killed mid-write
-    run = report.load_run(run_dir, include_unfinished=True)
+    run = runs.load_run(run_dir, include_unfinished=True)
     assert not run.finished
     assert run.global_step.tolist() == [1000.0, 2000.0, 3000.0]
     assert run.final_step == 3000 and run.final_seconds == 50.0
-    with pytest.raises(report.RunError, match="unfinished"):
-        report.load_run(run_dir)
+    with pytest.raises(RunDirError, match="unfinished"):
+        runs.load_run(run_dir)
     result = report.write_report(
         [tmp_path / "runs"], tmp_path / "out", anchors_dir, include_unfinished=True, plots=False
     )
@@ -478,19 +481,107 @@ def test_hardware_section_lists_each_distinct_machine_once(tmp_path: Path, ancho
             hardware=hardware,
         )
     report.write_report([tmp_path / "runs"], tmp_path / "out", anchors_dir, plots=False)
-    section = (tmp_path / "out" / "report.md").read_text().split("## 5. Hardware")[1].split("## Skipped")[0]
+    section = (tmp_path / "out" / "report.md").read_text().split("## Hardware\n")[1].split("## Skipped")[0]
     assert section.count("### Hardware") == 2
     assert "2 run(s)" in section and "1 run(s)" in section
     assert "| gpu_name | Test GPU |" in section and "| gpu_name | Other GPU |" in section
 
 
 def test_anchor_csvs_that_are_missing_raise_anchor_error(tmp_path: Path) -> None:
-    with pytest.raises(report.AnchorError):
-        report.load_anchors(tmp_path)
-    (tmp_path / report.ANCHORS_CSV).write_text("env_id,cleanrl_minutes\nPong-v5,1.0\n")
-    (tmp_path / report.HUMAN_RANDOM_CSV).write_text(HUMAN_RANDOM_CSV)
-    with pytest.raises(report.AnchorError, match="missing column"):
-        report.load_anchors(tmp_path)
+    with pytest.raises(anchors.AnchorError):
+        anchors.load_anchors(tmp_path)
+    (tmp_path / anchors.ANCHORS_CSV).write_text("env_id,cleanrl_minutes\nPong-v5,1.0\n")
+    (tmp_path / anchors.HUMAN_RANDOM_CSV).write_text(HUMAN_RANDOM_CSV)
+    with pytest.raises(anchors.AnchorError, match="missing column"):
+        anchors.load_anchors(tmp_path)
+
+
+def write_cartpole_run(runs_dir: Path, seed: int = 1) -> Path:
+    """A finished CartPole-v1 run of 4 x 128 steps: no reference game."""
+    return write_run(
+        runs_dir / f"CartPole-v1__seed{seed}",
+        "CartPole-v1",
+        seed,
+        steps=[512, 1024, 1536],
+        returns=[NAN, 20.0, 60.0],
+        times=[3.0, 4.0, 5.0],
+        num_envs=4,
+    )
+
+
+def test_runs_without_a_reference_are_reported_without_its_columns(tmp_path: Path) -> None:
+    write_cartpole_run(tmp_path / "runs")
+    out = tmp_path / "out"
+    result = report.write_report([tmp_path / "runs"], out)  # the shipped reference tables
+    assert [row.env_id for row in result.rows] == ["CartPole-v1"]  # no Atari game listed as missing
+    assert not result.has_anchors and not result.has_hns
+    assert result.row("CartPole-v1").final_returns == (60.0,)
+
+    markdown = (out / "report.md").read_text()
+    assert "| Game | Seeds | Steps (mean) | ppo_eqx min (measured) | ppo_eqx min at 10M |\n" in markdown
+    assert "| Game | Seeds | ppo_eqx |\n" in markdown
+    assert "| CartPole-v1 | 1 | 60.0 ± 0.0 |\n" in markdown
+    for word in ("CleanRL", "PPO2", "Speed-up", "Human-normalised", "HNS"):
+        assert word not in markdown, word
+    assert "0 of 1 game(s) missing" in markdown
+    assert sorted(path.stem for path in out.glob("*.png")) == [
+        "learning_curves_steps",
+        "learning_curves_time",
+        "runtime",
+    ]
+    saved = json.loads((out / "report.json").read_text())
+    assert [game["env_id"] for game in saved["games"]] == ["CartPole-v1"]
+    assert saved["games"][0]["anchor"] is None and saved["games"][0]["hns"] == [None]
+
+
+def test_a_game_without_a_reference_beside_reference_games_reads_n_a(
+    sweep: Path, anchors_dir: Path, tmp_path: Path
+) -> None:
+    write_cartpole_run(sweep)
+    result = report.write_report([sweep], tmp_path / "out", anchors_dir, plots=False, num_resamples=50)
+    assert [row.env_id for row in result.rows] == ["Alien-v5", "Breakout-v5", "CartPole-v1", "Pong-v5", "Seaquest-v5"]
+    assert result.aggregates.games == ("Breakout-v5", "Pong-v5", "Seaquest-v5")  # CartPole has no HNS
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    # projected: 3 s for the first 512 steps, then 1 s per 512: 3 + (10M - 512) / 512 = 19,533.25 s
+    assert "| CartPole-v1 | 1 | 1,536 | 0.1 | 325.6 (projected) | n/a | n/a | n/a | n/a |" in markdown
+    assert "| CartPole-v1 | 1 | 60.0 ± 0.0 | n/a | n/a |" in markdown
+    assert "| CartPole-v1 | n/a | n/a | n/a (no human/random score) | n/a | n/a |" in markdown
+
+
+def test_the_shipped_reference_tables_are_the_default(tmp_path: Path) -> None:
+    table, human_random = anchors.load_anchors()
+    assert len(table) == len(human_random) == 57
+    breakout = table["Breakout-v5"]
+    assert (breakout.cleanrl_minutes, breakout.cleanrl_return_mean, breakout.baselines_return_mean) == (
+        42.3547,
+        430.09,
+        405.73,
+    )
+    assert human_random["Pong-v5"] == anchors.HumanRandom(-20.7, 14.6)
+    write_full_run(tmp_path / "runs", "Breakout-v5", 1, final=30.5, seconds=2400.0)
+    result = report.write_report([tmp_path / "runs"], tmp_path / "out", plots=False, num_resamples=50)
+    assert len(result.rows) == 57 and result.has_anchors and result.has_hns
+    breakout_row = result.row("Breakout-v5")
+    assert breakout_row.hns == (1.0,)  # DQN Zoo's human score
+    assert breakout_row.speedup_cleanrl == pytest.approx(42.3547 / 40.0)
+
+
+def test_the_reference_tables_ship_as_package_data() -> None:
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    setuptools = pyproject["tool"]["setuptools"]
+    assert "ppo_eqx_bench" in setuptools["packages"]["find"]["include"]
+    shipped = {
+        path
+        for pattern in setuptools["package-data"]["ppo_eqx_bench"]
+        for path in anchors.DATA_DIR.parent.glob(pattern)
+    }
+    assert {anchors.DATA_DIR / anchors.ANCHORS_CSV, anchors.DATA_DIR / anchors.HUMAN_RANDOM_CSV} <= shipped
+    assert anchors.DATA_DIR / "README.md" in shipped  # their sources and licences
+
+
+def test_the_core_package_imports_nothing_of_the_bench_package() -> None:
+    importers = [path.name for path in (REPO_ROOT / "ppo_eqx").rglob("*.py") if "ppo_eqx_bench" in path.read_text()]
+    assert importers == []
 
 
 # ------------------------------------------------------------------------------------------ the CLI
@@ -508,6 +599,18 @@ def test_cli_reads_anchors_from_flag_or_environment(
     monkeypatch.setenv("PPO_EQX_ANCHORS", str(tmp_path / "no_anchors_here"))
     assert cli.main([str(sweep), "--out", str(tmp_path / "c")]) == 2
     assert "error: cannot read" in capsys.readouterr().err
+
+
+def test_cli_without_flag_or_environment_uses_the_shipped_tables(
+    sweep: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("PPO_EQX_ANCHORS", raising=False)
+    cli = load_bench_script("report")
+    assert cli.main([str(sweep), "--out", str(tmp_path / "out"), "--no-plots"]) == 0
+    assert "6 run(s) over 3 game(s), 0 skipped" in capsys.readouterr().out
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert len(saved["games"]) == 57
+    assert next(game for game in saved["games"] if game["env_id"] == "Pong-v5")["anchor"]["cleanrl_minutes"] == 36.7657
 
 
 def test_cli_help_runs_as_a_script() -> None:

@@ -13,8 +13,8 @@ from ppo_eqx import ConfigError, PPOConfig
 from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.cli import main
 from ppo_eqx.envs import env_spec, seeds_env_step
-from ppo_eqx.report import find_run_dirs, load_run
 from ppo_eqx.train import pool_env_seeds, segment_env_seeds
+from ppo_eqx_bench.runs import find_run_dirs, load_run
 
 from .fake_env import counting_env
 

@@ -1,7 +1,7 @@
 """The 57 Atari games of the Arcade Learning Environment benchmark, as EnvPool `*-v5` env ids.
 
-The set of Mnih et al. (2015) / Badia et al. (2020), in alphabetical order; the same games as the
-reference tables in shared/anchors/.
+The set of Mnih et al. (2015) / Badia et al. (2020), in alphabetical order; the same games, in the same
+order, as the reference tables in ppo_eqx_bench/data/.
 """
 
 ATARI_57: tuple[str, ...] = (

@@ -1,0 +1,15 @@
+"""ppo_eqx_bench: the Atari benchmark's game list and report, for ``bench/atari57.py`` and ``bench/report.py``.
+
+Installed beside ``ppo_eqx``, whose core never imports it; the plots need the ``[bench]`` extra (matplotlib).
+
+    atari_games  the 57 games (ATARI_57)
+    anchors      the reference tables shipped in data/ (CleanRL's 10M-step results; random and human scores)
+    runs         reading run directories
+    stats        the numbers: HNS, IQM, bootstrap intervals, final returns, projected minutes
+    tables       per-game rows and aggregates (build_report)
+    render       report.md and report.json
+    plots        the figures (matplotlib)
+    report       write_report: all of the above, into one directory
+
+Nothing is imported here, so that ``bench/atari57.py`` reads the game list without the report's imports.
+"""

@@ -1,0 +1,122 @@
+"""The report's figures, as PNG and SVG: learning curves, runtime bars, aggregate human-normalised scores.
+
+Imports matplotlib (the ``[bench]`` extra) at its top: ``report.write_report`` imports this module only when
+asked for plots, so that the numbers need no plotting library.
+"""
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .render import AGGREGATE_NAMES
+from .stats import AGGREGATES, NAN
+from .tables import GameRow, Report
+
+
+def _save(figure: Figure, out_dir: Path, name: str) -> list[Path]:
+    paths = [out_dir / f"{name}.png", out_dir / f"{name}.svg"]
+    figure.savefig(paths[0], dpi=80)
+    figure.savefig(paths[1], metadata={"Date": None})  # no timestamp: same runs, same file
+    return paths
+
+
+def _learning_curves(report: Report, rows: list[GameRow], x_axis: str) -> Figure:
+    """One panel per game, one curve per seed; x_axis "steps" or "time". Only finite returns are drawn."""
+    columns = min(6, len(rows))
+    grid_rows = math.ceil(len(rows) / columns)
+    figure = Figure(figsize=(4.0 * columns, 3.0 * grid_rows), layout="constrained")
+    axes = figure.subplots(grid_rows, columns, squeeze=False).ravel()
+    runs_by_dir = {run.run_dir: run for run in report.runs}
+    for ax, row in zip(axes, rows, strict=False):
+        for seed, run_dir in zip(row.seeds, row.run_dirs, strict=True):
+            run = runs_by_dir[run_dir]
+            finite = np.isfinite(run.episodic_return)
+            x = run.global_step / 1e6 if x_axis == "steps" else run.time_elapsed / 60.0
+            marker = "." if finite.sum() < 3 else None
+            ax.plot(x[finite], run.episodic_return[finite], marker=marker, label=f"seed {seed}")
+        if row.anchor and math.isfinite(row.anchor.cleanrl_return_mean):
+            ax.axhline(row.anchor.cleanrl_return_mean, color="gray", linestyle="--", label="CleanRL, 10M")
+        ax.set_title(row.env_id)
+        ax.set_xlabel("environment steps (millions)" if x_axis == "steps" else "wall-clock minutes")
+        ax.set_ylabel("episodic return")
+        ax.legend(fontsize="x-small")
+    for ax in axes[len(rows) :]:
+        ax.set_visible(False)
+    return figure
+
+
+def _runtime_bars(report: Report, rows: list[GameRow]) -> Figure:
+    """Minutes at the target per game; beside CleanRL's and PPO2's when the report has them."""
+    figure = Figure(figsize=(8.0, 1.0 + 0.45 * len(rows)), layout="constrained")
+    ax = figure.subplots()
+    series = [("ppo_eqx (hatched: projected)", [row.minutes_at_target for row in rows], "tab:blue")]
+    if report.has_anchors:
+        series += [
+            ("CleanRL xla_jax", [row.anchor.cleanrl_minutes if row.anchor else NAN for row in rows], "tab:orange"),
+            ("baselines PPO2", [row.anchor.baselines_ppo2_minutes if row.anchor else NAN for row in rows], "tab:green"),
+        ]
+    bar_height = 0.8 / len(series)
+    for offset, (label, values, color) in enumerate(series):
+        labelled = False
+        for position, (row, value) in enumerate(zip(rows, values, strict=True)):
+            if not math.isfinite(value):
+                continue  # unknown stays blank, never a zero-length bar
+            ax.barh(
+                position + (offset - (len(series) - 1) / 2) * bar_height,
+                value,
+                height=bar_height,
+                color=color,
+                hatch="//" if offset == 0 and row.projected else None,
+                label=None if labelled else label,
+            )
+            labelled = True
+    ax.set_yticks(range(len(rows)), [row.env_id for row in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"minutes for {report.target_steps / 1e6:g}M steps")
+    ax.set_title("Runtime per game")
+    if ax.get_legend_handles_labels()[0]:  # an empty legend warns
+        figure.legend(loc="outside upper center", ncols=len(series), fontsize="small")
+    return figure
+
+
+def _aggregate_hns(report: Report) -> Figure:
+    """Point and interval of each aggregate, beside the reference's point values over the same games."""
+    aggregates = report.aggregates
+    figure = Figure(figsize=(10.0, 2.6), layout="constrained")
+    axes = figure.subplots(1, len(AGGREGATES), sharey=True)
+    labels = ["ppo_eqx", "CleanRL (same games)", "PPO2 (same games)"] if report.has_anchors else ["ppo_eqx"]
+    for ax, name in zip(axes, AGGREGATES, strict=True):
+        low, high = aggregates.interval[name]
+        # A percentile interval need not contain the point estimate, so no errorbar (it refuses that).
+        if math.isfinite(low):
+            ax.plot([low, high], [0, 0], color="tab:blue", linewidth=2, solid_capstyle="butt")
+        ax.plot([aggregates.point[name]], [0], "o", color="tab:blue")
+        for position, which, color in ((1, "cleanrl", "tab:orange"), (2, "baselines", "tab:green")):
+            value = aggregates.anchors[(which, "same")][name]
+            if report.has_anchors and math.isfinite(value):
+                ax.plot([value], [position], "D", color=color)
+        ax.set_title(AGGREGATE_NAMES[name])
+        ax.set_xlabel("human-normalised score")
+    axes[0].set_yticks(range(len(labels)), labels)
+    axes[0].invert_yaxis()
+    figure.suptitle(f"Aggregate HNS over {len(aggregates.games)} game(s), {report.confidence:.0%} intervals")
+    return figure
+
+
+def write_plots(report: Report, out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Learning curves (vs steps and vs minutes), runtime bars and, when any game has an HNS, the aggregate
+    HNS, each as PNG and SVG. Returns the written paths; none when there is no run."""
+    out_dir = Path(out_dir)
+    rows = [row for row in report.rows if not row.missing]
+    if not rows:
+        return []
+    written: list[Path] = []
+    for x_axis in ("steps", "time"):
+        written += _save(_learning_curves(report, rows, x_axis), out_dir, f"learning_curves_{x_axis}")
+    written += _save(_runtime_bars(report, rows), out_dir, "runtime")
+    if report.aggregates.games:
+        written += _save(_aggregate_hns(report), out_dir, "aggregate_hns")
+    return written
