@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -12,3 +13,29 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The tiers (registered in pyproject.toml): each test is in exactly one, so that `pytest -m unit` is a
+# complete fast loop and a new test says what it costs. A module's `pytestmark` names its tier; a test
+# marked otherwise itself is in that tier instead.
+TIERS = ("unit", "envpool", "subprocess")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects, so that it sees each test's one tier
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    wrong = []
+    for item in items:
+        own = [mark for mark in item.own_markers if mark.name in TIERS]
+        inherited = [mark for node in item.listchain()[:-1] for mark in node.own_markers if mark.name in TIERS]
+        if len(own) > 1 or not (own or inherited):
+            wrong.append(f"  {item.nodeid}: {' and '.join(mark.name for mark in own) or 'no tier'}")
+        elif not own:
+            item.own_markers.append(inherited[-1])  # the closest: a class's tier before its module's
+    for item in items:  # the tiers now sit on the tests alone, where `-m` finds one per test
+        for node in item.listchain()[:-1]:
+            node.own_markers[:] = [mark for mark in node.own_markers if mark.name not in TIERS]
+    if wrong:
+        raise pytest.UsageError(
+            "every test is in exactly one tier, pytest.mark.unit, .envpool or .subprocess (pyproject.toml says "
+            "which): a module's `pytestmark = pytest.mark.unit`, and a decorator on each test that differs:\n"
+            + "\n".join(wrong)
+        )

@@ -17,6 +17,8 @@ from ppo_eqx_bench.atari_games import ATARI_57
 
 from .bench_scripts import load_bench_script
 
+pytestmark = pytest.mark.unit
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -202,6 +204,7 @@ FAKE_TRAINER = textwrap.dedent(
 )
 
 
+@pytest.mark.subprocess
 def test_launching_runs_logs_and_resumes(
     runner: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -262,6 +265,7 @@ def test_launching_runs_logs_and_resumes(
     assert (sweep / "Pong-v5__seed1" / "summary.json").stat().st_mtime_ns == pong_summary_mtime
 
 
+@pytest.mark.subprocess
 def test_a_launcher_that_cannot_start_fails_the_runs(
     runner: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -278,6 +282,7 @@ def test_all_finished_exits_zero(runner: ModuleType, capsys: pytest.CaptureFixtu
     assert "finished 0, skipped 1, failed 0" in capsys.readouterr().out
 
 
+@pytest.mark.subprocess
 def test_help_runs_as_a_script() -> None:
     result = subprocess.run(
         [sys.executable, str(REPO_ROOT / "bench" / "atari57.py"), "--help"], capture_output=True, text=True, timeout=120

@@ -9,7 +9,9 @@ import pytest
 from ppo_eqx import cpu_kernel
 
 from .bench_scripts import load_bench_script
-from .test_networks import needs_compiler
+from .conv_reference import needs_compiler
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +19,7 @@ def profile() -> ModuleType:
     return load_bench_script("profile_update")
 
 
+@pytest.mark.unit
 def test_matmul_flops_of_compiled_products(profile: ModuleType) -> None:
     def f(a, b, x, d):
         return a @ b, x.T @ d, jnp.tanh(a)
@@ -32,11 +35,13 @@ def test_matmul_flops_of_compiled_products(profile: ModuleType) -> None:
     assert tanh and all(flops[name] is None for name in tanh)
 
 
+@pytest.mark.unit
 def test_describe_says_forward_or_backward(profile: ModuleType) -> None:
     assert profile.describe("jit(f)/while/body/closed_call/transpose(jvp())/dot_general") == "backward: dot_general"
     assert profile.describe("jit(<lambda>)/while/body/closed_call/jvp()/stack") == "forward: stack"
 
 
+@pytest.mark.subprocess  # compiles the CPU kernel where it is not cached
 @needs_compiler
 def test_kernel_flops_of_the_first_convolution(profile: ModuleType) -> None:
     frames = jnp.zeros((3, 6, 9, 16), jnp.uint8)

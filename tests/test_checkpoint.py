@@ -4,7 +4,6 @@ import json
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import ppo_eqx.checkpoint as checkpoint_module
@@ -21,14 +20,11 @@ from ppo_eqx.checkpoint import (
 from ppo_eqx.envs import env_spec
 from ppo_eqx.train import Checkpoint, init_checkpoint, segment_env_seeds
 
+from .comparisons import leaves_equal
+
+pytestmark = pytest.mark.envpool
+
 CARTPOLE = PPOConfig(env_id="CartPole-v1", total_timesteps=8 * 512, num_envs=4, clip_coef=0.2, checkpoint_every=2)
-
-
-def leaves_equal(a, b) -> bool:
-    a, b = jax.tree.leaves(eqx.filter(a, eqx.is_array)), jax.tree.leaves(eqx.filter(b, eqx.is_array))
-    return len(a) == len(b) and all(
-        x.dtype == y.dtype and np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b, strict=True)
-    )
 
 
 def at_iteration(checkpoint: Checkpoint, iteration: int, seed: int = 0) -> Checkpoint:
@@ -157,6 +153,7 @@ def test_a_checkpoint_of_another_architecture_or_run_is_refused(tmp_path, spec, 
         load_checkpoint(path, metadata, CARTPOLE, spec)
 
 
+@pytest.mark.unit
 def test_missing_checkpoints_are_named(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         resolve_checkpoint(tmp_path / "iter_000002.eqx")
@@ -165,6 +162,7 @@ def test_missing_checkpoints_are_named(tmp_path):
         resolve_checkpoint(tmp_path)
 
 
+@pytest.mark.unit
 def test_segment_seeds_depend_on_seed_and_iteration_only():
     assert segment_env_seeds(1, 0, 4) is None  # EnvPool's own seeding, as CleanRL: env i gets seed + i
     seeds = segment_env_seeds(1, 50, 8)

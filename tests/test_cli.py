@@ -7,6 +7,8 @@ import pytest
 from ppo_eqx import cpu_kernel
 from ppo_eqx.cli import main
 
+pytestmark = pytest.mark.subprocess
+
 TINY_CARTPOLE = ["train", "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--no-progress"]
 
 

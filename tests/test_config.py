@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from ppo_eqx import ConfigError, PPOConfig
 from ppo_eqx.config import CONV_IMPLS, FIELD_RANGES, FLOAT32_MAX, FLOAT32_TINY, INT32_MAX, preset_for
 
+pytestmark = pytest.mark.unit
+
 
 def test_defaults_are_cleanrls():
     config = PPOConfig()

@@ -6,6 +6,8 @@ import pytest
 from ppo_eqx import ActorCritic, cpu_kernel
 from ppo_eqx.networks import choose_conv_impl
 
+pytestmark = pytest.mark.unit
+
 ATARI_SHAPE = (4, 84, 84)
 
 

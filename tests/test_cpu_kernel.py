@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from ppo_eqx import ActorCritic, cpu_kernel
 from ppo_eqx.networks import Conv, choose_conv_impl, frames_space_to_depth
 
-from .test_networks import ATARI_SHAPE, needs_compiler, numpy_conv
+from .conv_reference import ATARI_SHAPE, needs_compiler, numpy_conv
 
-pytestmark = needs_compiler
+pytestmark = pytest.mark.subprocess
 
 # (batch, height, width, depth, k): widths on both sides of the kernel's 10-column strips, k = 1, 2, 3.
 SHAPES = [(1, 3, 3, 8, 2), (3, 5, 14, 16, 2), (2, 21, 21, 64, 2), (2, 4, 11, 8, 3), (1, 6, 23, 24, 1)]
@@ -41,6 +41,8 @@ def _numpy_weight_gradient(frames, dy, k):
     return grad
 
 
+@pytest.mark.subprocess  # the first test to run the kernel compiles it
+@needs_compiler
 @given(st.sampled_from(SHAPES), st.integers(0, 99))
 def test_forward_and_gradients_match_numpy(shape, seed):
     frames, kernel, bias, dy = _case(shape, seed)
@@ -55,6 +57,8 @@ def test_forward_and_gradients_match_numpy(shape, seed):
     np.testing.assert_allclose(dbias, dy.astype(np.float64).sum(axis=(0, 1, 2)), rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.subprocess  # the first test to run the kernel compiles it
+@needs_compiler
 def test_runs_under_vmap_and_scan():
     frames, kernel, bias, _ = _case((2, 5, 14, 16, 2), 0)
     bias = jnp.asarray(bias)
@@ -73,6 +77,7 @@ def test_runs_under_vmap_and_scan():
     )
 
 
+@pytest.mark.unit
 def test_rejects_shapes_it_does_not_compute():
     frames = jnp.zeros((1, 4, 4, 12), jnp.uint8)
     with pytest.raises(ValueError, match="not 32 from 12"):
@@ -81,6 +86,8 @@ def test_rejects_shapes_it_does_not_compute():
         cpu_kernel.first_conv(frames[..., :8], jnp.zeros((2, 2, 8, 16)), jnp.zeros(16))
 
 
+@pytest.mark.subprocess  # the first test to run the kernel compiles it
+@needs_compiler
 def test_the_first_layer_on_folded_frames_is_the_layer_on_frames():
     conv = Conv(4, 32, 8, 4, 1.0, key=jax.random.PRNGKey(0))
     frames = jnp.asarray(np.random.default_rng(0).integers(0, 256, size=(3, 4, 36, 44), dtype=np.uint8))
@@ -89,14 +96,17 @@ def test_the_first_layer_on_folded_frames_is_the_layer_on_frames():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.subprocess  # the first test to run the kernel compiles it
+@needs_compiler
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the kernel is chosen on the CPU backend only")
 def test_auto_chooses_the_kernel_for_frames_on_cpu():
-    assert jax.default_backend() == "cpu"
     assert choose_conv_impl("auto", ATARI_SHAPE) == "kernel"
     assert choose_conv_impl("auto", (4,)) == "matmul"  # no convolutions
     assert choose_conv_impl("xla", ATARI_SHAPE) == "xla"
     assert ActorCritic(ATARI_SHAPE, 4, key=jax.random.PRNGKey(0)).conv_impl == "kernel"
 
 
+@pytest.mark.unit
 def test_without_the_kernel_auto_falls_back_and_kernel_is_refused(monkeypatch):
     def unavailable():
         raise cpu_kernel.KernelUnavailable("no C++ compiler found")
@@ -108,6 +118,7 @@ def test_without_the_kernel_auto_falls_back_and_kernel_is_refused(monkeypatch):
         ActorCritic(ATARI_SHAPE, 4, conv_impl="kernel", key=jax.random.PRNGKey(0))
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("compiler", ["false", "/nonexistent/g++"])
 def test_a_failed_build_says_which_compiler_failed(tmp_path, monkeypatch, compiler):
     monkeypatch.setenv("CXX", compiler)
@@ -116,7 +127,9 @@ def test_a_failed_build_says_which_compiler_failed(tmp_path, monkeypatch, compil
     assert list(tmp_path.iterdir()) == []  # nothing half-written left behind
 
 
-def test_an_unwritable_cache_is_reported(tmp_path):
+@pytest.mark.unit
+def test_an_unwritable_cache_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "false")  # a compiler is looked up first; this one is never started
     (tmp_path / "file").write_text("")
     with pytest.raises(cpu_kernel.KernelUnavailable, match="could not create the kernel cache"):
         cpu_kernel.build(tmp_path / "file" / "kernel.so")

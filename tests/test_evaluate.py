@@ -14,7 +14,10 @@ from ppo_eqx.envs import env_spec
 from ppo_eqx.evaluate import MAX_ENVS, episode_quotas, evaluate, summarise
 from ppo_eqx.train import init_checkpoint
 
+pytestmark = pytest.mark.envpool
 
+
+@pytest.mark.unit
 @given(st.integers(1, 200), st.integers(1, MAX_ENVS))
 def test_episodes_are_shared_evenly(episodes, num_envs):
     quotas = episode_quotas(episodes, num_envs)

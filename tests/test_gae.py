@@ -3,6 +3,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -10,6 +11,8 @@ from ppo_eqx import compute_gae
 from ppo_eqx.gae import compute_gae_by_env
 
 from .strategies import TIME_ENV_SHAPES, bool_arrays, float_arrays, unit_interval
+
+pytestmark = pytest.mark.unit
 
 gae: Any = jax.jit(compute_gae)  # jit's signature loses the keyword-only parameters
 gae_by_env: Any = jax.jit(compute_gae_by_env, static_argnames="num_envs")

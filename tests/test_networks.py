@@ -3,31 +3,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppo_eqx import ActorCritic, Batch, cpu_kernel, model_loss
+from ppo_eqx import ActorCritic, Batch, model_loss
 from ppo_eqx.networks import Conv, Dense
 
-ATARI_SHAPE = (4, 84, 84)
-needs_compiler = pytest.mark.skipif(
-    cpu_kernel.find_compiler() is None, reason="no C++ compiler to build the CPU kernel"
-)
+from .conv_reference import ATARI_SHAPE, needs_compiler, numpy_conv
+
+pytestmark = pytest.mark.unit
 
 
-def numpy_conv(x, weight, bias, stride):
-    """A direct VALID convolution, NHWC input and HWIO kernel, as nested loops over output positions."""
-    batch, height, width, _ = x.shape
-    size, _, _, cout = weight.shape
-    out_h, out_w = (height - size) // stride + 1, (width - size) // stride + 1
-    y = np.zeros((batch, out_h, out_w, cout))
-    for i in range(out_h):
-        for j in range(out_w):
-            window = x[:, i * stride : i * stride + size, j * stride : j * stride + size, :]
-            y[:, i, j, :] = np.tensordot(window, weight, axes=([1, 2, 3], [0, 1, 2]))
-    return y + bias
-
-
+@settings(max_examples=12)  # NumPy's loops over 20 x 20 outputs are slow; 6 layer shapes
 @given(st.sampled_from([(8, 4, 84), (8, 4, 30), (4, 2, 20), (4, 2, 11), (3, 1, 9), (2, 2, 7)]), st.integers(0, 99))
 def test_conv_matmul_and_xla_match_numpy(layer, seed):
     size, stride, width = layer
@@ -57,7 +44,7 @@ def _batch(model: ActorCritic, obs_shape, num_actions: int, size: int, seed: int
     )
 
 
-@pytest.mark.parametrize("impl", ["matmul", pytest.param("kernel", marks=needs_compiler)])
+@pytest.mark.parametrize("impl", ["matmul", pytest.param("kernel", marks=[pytest.mark.subprocess, needs_compiler])])
 def test_faster_convolutions_give_the_same_losses_and_gradients_as_xla(impl):
     model = ActorCritic(ATARI_SHAPE, 6, conv_impl=impl, key=jax.random.PRNGKey(3))
     assert model.conv_impl == impl
@@ -76,7 +63,7 @@ def test_faster_convolutions_give_the_same_losses_and_gradients_as_xla(impl):
 
 @pytest.mark.parametrize(("obs_shape", "num_actions", "dtype"), [(ATARI_SHAPE, 4, jnp.uint8), ((4,), 2, jnp.float32)])
 def test_output_shapes_and_dtypes(obs_shape, num_actions, dtype):
-    model = ActorCritic(obs_shape, num_actions, key=jax.random.PRNGKey(0))
+    model = ActorCritic(obs_shape, num_actions, conv_impl="xla", key=jax.random.PRNGKey(0))
     obs = jnp.zeros((3, *obs_shape), dtype)
     logits, value = model(obs)
     assert logits.shape == (3, num_actions) and logits.dtype == jnp.float32
@@ -86,7 +73,7 @@ def test_output_shapes_and_dtypes(obs_shape, num_actions, dtype):
 
 
 def test_cleanrl_initialisation():
-    model = ActorCritic(ATARI_SHAPE, 4, key=jax.random.PRNGKey(0))
+    model = ActorCritic(ATARI_SHAPE, 4, conv_impl="xla", key=jax.random.PRNGKey(0))  # "auto" may build the kernel
     assert model.torso is not None
     # Orthogonal columns scaled by the gain (fan_in >= fan_out here), zero biases.
     for layer, gain in [(model.torso.dense, np.sqrt(2)), (model.actor, 0.01), (model.critic, 1.0)]:
@@ -99,7 +86,7 @@ def test_cleanrl_initialisation():
 
 
 def test_frames_are_scaled_by_1_over_255():
-    model = ActorCritic(ATARI_SHAPE, 4, key=jax.random.PRNGKey(0))
+    model = ActorCritic(ATARI_SHAPE, 4, conv_impl="xla", key=jax.random.PRNGKey(0))
     frames = jnp.full((1, *ATARI_SHAPE), 255, jnp.uint8)
     as_float = frames.astype(jnp.float32)
     assert model.torso is not None

@@ -7,11 +7,8 @@ loss diagnostics within 2.4e-7. Standardising the advantages with each shard's o
 the minibatch's moves the parameters 1.3e-3 away, far outside the tolerance.
 """
 
-import os
-import socket
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import equinox as eqx
@@ -24,20 +21,14 @@ from ppo_eqx.config import ConfigError
 from ppo_eqx.parallel import check_mesh_config, make_mesh, replicate, shard_batch, sharded_update
 
 from .parallel_worker import COEFS, flat, make_batch
+from .processes import ROOT, TIMEOUT_S, free_port, run_processes, worker_env
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.unit
+
 WORKER = str(ROOT / "tests" / "parallel_worker.py")
-TIMEOUT_S = 180
 # Parameters: the observed 3e-8 with margin for other CPUs' kernels; the update itself moves them by ~1e-3.
 PARAMS_ATOL = 1e-6
 INFO_RTOL, INFO_ATOL = 1e-5, 1e-6
-
-
-def worker_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env["JAX_PLATFORMS"] = "cpu"
-    return env
 
 
 def assert_same_update(results: Any, case: str) -> None:
@@ -94,6 +85,7 @@ def test_minibatch_must_split_evenly_over_the_devices():
         )
 
 
+@pytest.mark.subprocess
 def test_two_devices_give_the_one_device_update(tmp_path):
     out = tmp_path / "devices.npz"
     done = subprocess.run(
@@ -110,45 +102,7 @@ def test_two_devices_give_the_one_device_update(tmp_path):
     assert_same_update(results, "cnn")  # Atari-shaped: 32 uint8 frames of 4x84x84, Nature CNN
 
 
-def run_processes(
-    commands: list[list[str]],
-    env: dict[str, str] | None = None,
-    *,
-    codes: tuple[int, ...] = (),
-    timeout: float = TIMEOUT_S,
-) -> list[str]:
-    """Start every command at once (in ``env``, default ``worker_env()``), wait for all of them (killing any
-    still running after ``timeout`` seconds), check their exit codes (``codes``, default all 0); their
-    outputs."""
-    running = [
-        subprocess.Popen(
-            command,
-            env=worker_env() if env is None else env,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for command in commands
-    ]
-    try:
-        logs = [process.communicate(timeout=timeout)[0] for process in running]
-    finally:
-        for process in running:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=30)
-    for process, log, code in zip(running, logs, codes or (0,) * len(running), strict=True):
-        assert process.returncode == code, log[-4000:]
-    return logs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
+@pytest.mark.subprocess
 def test_two_processes_give_the_one_process_update(tmp_path):
     """Two processes with one CPU device each (gloo collectives over localhost), a 2-device global mesh."""
     port = free_port()

@@ -30,6 +30,8 @@ from ppo_eqx_bench import anchors, report, runs, stats
 
 from .bench_scripts import load_bench_script
 
+pytestmark = pytest.mark.unit
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NAN = float("nan")
 FULL_STEPS = 9_765 * 1024  # what a 10M-step run with CleanRL's 8 x 128 batch logs last: 9_999_360
@@ -613,6 +615,7 @@ def test_cli_without_flag_or_environment_uses_the_shipped_tables(
     assert next(game for game in saved["games"] if game["env_id"] == "Pong-v5")["anchor"]["cleanrl_minutes"] == 36.7657
 
 
+@pytest.mark.subprocess
 def test_cli_help_runs_as_a_script() -> None:
     result = subprocess.run(
         [sys.executable, str(REPO_ROOT / "bench" / "report.py"), "--help"],

@@ -12,6 +12,8 @@ from ppo_eqx.rollout import async_rollout, init_async_carry, prime_async, sample
 
 from .fake_env import counting_async_env, counting_env
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(("num_envs", "num_steps", "lives"), [(3, 17, 1), (2, 24, 3)])
 def test_rollout_against_a_fake_env(num_envs, num_steps, lives):
@@ -178,6 +180,7 @@ def cartpole_step(obs, action):
     return np.stack([x + 0.02 * x_dot, x_dot + 0.02 * x_acc, theta + 0.02 * theta_dot, theta_dot + 0.02 * theta_acc], 1)
 
 
+@pytest.mark.envpool
 def test_async_rollout_on_cartpole_keeps_each_envs_transitions_in_order():
     """With EnvPool's real async pool, each env's stored observation follows from its previous one and action."""
     config = PPOConfig(env_id="CartPole-v1", num_envs=4, async_batch_size=2)

@@ -17,7 +17,9 @@ from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.cli import main
 from ppo_eqx.envs import env_spec
 
-from .test_checkpoint import leaves_equal
+from .comparisons import leaves_equal
+
+pytestmark = pytest.mark.subprocess
 
 train_module = importlib.import_module("ppo_eqx.train")  # `ppo_eqx.train` the attribute is the function
 

@@ -16,14 +16,13 @@ from ppo_eqx.envs import env_spec, seeds_env_step
 from ppo_eqx.train import pool_env_seeds, segment_env_seeds
 from ppo_eqx_bench.runs import find_run_dirs, load_run
 
+from .comparisons import ATOL, PARAM_ATOL, RTOL
 from .fake_env import counting_env
+
+pytestmark = pytest.mark.unit
 
 QUIET = ["--no-progress", "--no-tensorboard"]
 VOLATILE = {"sps", "time_elapsed"}
-# vmapped matmuls are batched differently by XLA, so sums are accumulated in another order: agent s differs
-# from the single-seed run by float32 rounding, which training then carries on (see README, "Many seeds").
-RTOL, ATOL = 1e-4, 1e-5
-PARAM_ATOL = 1e-6
 
 
 def metrics(run_dir) -> list[dict]:
@@ -66,6 +65,7 @@ def test_agent_s_gets_the_envs_of_the_single_seed_run(iteration):
         assert seeds[3 * s : 3 * s + 3] == (own if own is not None else [agent.seed + i for i in range(3)])
 
 
+@pytest.mark.envpool
 def test_the_seeds_env_step_steps_one_pool_for_all_agents():
     num_seeds, num_envs, num_steps = 3, 2, 7
     handle, obs, env_step = counting_env(num_seeds * num_envs)
@@ -86,6 +86,7 @@ def test_the_seeds_env_step_steps_one_pool_for_all_agents():
     del obs
 
 
+@pytest.mark.subprocess
 def test_two_seeds_in_one_process_equal_two_single_seed_runs_on_cartpole(tmp_path, capsys):
     flags = ["train", "--env-id", "CartPole-v1", "--total-timesteps", "1024", "--checkpoint-every", "1", *QUIET]
     seeds_dir = tmp_path / "seeds"
@@ -123,6 +124,7 @@ def test_two_seeds_in_one_process_equal_two_single_seed_runs_on_cartpole(tmp_pat
     assert metrics(seeds_dir / "seed3") != metrics(seeds_dir / "seed4")
 
 
+@pytest.mark.subprocess
 def test_a_two_seed_run_resumes_from_its_stacked_checkpoint(tmp_path, capsys):
     flags = ["train", "--env-id", "CartPole-v1", "--total-timesteps", "1536", "--checkpoint-every", "1"]
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"

@@ -12,6 +12,8 @@ from ppo_eqx.train import TrainState, run
 
 from .fake_env import counting_async_env, counting_env
 
+pytestmark = pytest.mark.unit
+
 CARTPOLE = PPOConfig(env_id="CartPole-v1", total_timesteps=4 * 512, num_envs=4, clip_coef=0.2)
 
 
@@ -112,6 +114,7 @@ def test_the_async_iteration_is_pure_and_runs_on_a_fake_pool():
         make_iteration(config, counting_env(4)[2], optimizer)
 
 
+@pytest.mark.envpool
 def test_an_async_trainer_primes_each_segment_of_cartpole_envs():
     config = CARTPOLE.replace(num_envs=4, async_batch_size=2, total_timesteps=6 * 256, checkpoint_every=2)
     trainer = Trainer(config)

@@ -7,6 +7,8 @@ import pytest
 
 from ppo_eqx.cli import main
 
+pytestmark = pytest.mark.subprocess
+
 
 def metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.subprocess
+
 VOLATILE = {"sps", "time_elapsed"}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.subprocess]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_SECONDS = 1800

@@ -4,6 +4,8 @@ import pytest
 
 from ppo_eqx.cli import main
 
+pytestmark = pytest.mark.subprocess
+
 
 @pytest.mark.slow
 def test_cartpole_learns_with_the_command_defaults(tmp_path):

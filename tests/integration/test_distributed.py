@@ -20,7 +20,9 @@ from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.config import PPOConfig
 from ppo_eqx.envs import env_spec
 
-from ..test_parallel import free_port, run_processes, worker_env
+from ..processes import free_port, run_processes, worker_env
+
+pytestmark = pytest.mark.subprocess
 
 TIMEOUT_S = 240
 RTOL, ATOL, PARAM_ATOL = 1e-4, 1e-5, 1e-6

@@ -16,6 +16,8 @@ from ppo_eqx.config import PPOConfig
 from ppo_eqx.envs import env_spec
 from ppo_eqx.networks import Dense
 
+pytestmark = pytest.mark.subprocess
+
 checkpoint_module = importlib.import_module("ppo_eqx.checkpoint")
 QUIET = ["--no-progress", "--no-tensorboard"]
 VOLATILE = {"sps", "time_elapsed"}

@@ -8,7 +8,9 @@ import pytest
 from ppo_eqx import PPOConfig, Trainer
 from ppo_eqx.train import run, run_seeds
 
-from ..test_seeds import ATOL, PARAM_ATOL, RTOL
+from ..comparisons import ATOL, PARAM_ATOL, RTOL
+
+pytestmark = pytest.mark.envpool
 
 BREAKOUT = PPOConfig(env_id="Breakout-v5", total_timesteps=2 * 128, num_envs=4, num_steps=32, num_minibatches=2, seed=3)
 

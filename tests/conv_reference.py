@@ -1,0 +1,24 @@
+"""The NumPy convolution that the network and CPU-kernel tests check against, and the kernel's skip mark."""
+
+import numpy as np
+import pytest
+
+from ppo_eqx import cpu_kernel
+
+ATARI_SHAPE = (4, 84, 84)
+needs_compiler = pytest.mark.skipif(
+    cpu_kernel.find_compiler() is None, reason="no C++ compiler to build the CPU kernel"
+)
+
+
+def numpy_conv(x, weight, bias, stride):
+    """A direct VALID convolution, NHWC input and HWIO kernel, as nested loops over output positions."""
+    batch, height, width, _ = x.shape
+    size, _, _, cout = weight.shape
+    out_h, out_w = (height - size) // stride + 1, (width - size) // stride + 1
+    y = np.zeros((batch, out_h, out_w, cout))
+    for i in range(out_h):
+        for j in range(out_w):
+            window = x[:, i * stride : i * stride + size, j * stride : j * stride + size, :]
+            y[:, i, j, :] = np.tensordot(window, weight, axes=([1, 2, 3], [0, 1, 2]))
+    return y + bias
