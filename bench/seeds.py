@@ -6,22 +6,24 @@ Three ways to train S agents (seeds K..K+S-1) of the same config on this machine
 - S processes one after another (``--num-seeds 1`` each, as a sweep runner would);
 - S processes at once, sharing the CPU.
 
-Each runs in a fresh process: compile, ``--warmup`` iterations, then ``--iterations`` timed ones. Reported:
-the compile time, the env steps/s of the timed iterations summed over all agents (for processes at once: the
-sum of each process's rate), the wall time of the whole job (process start, env creation and compile
-included) and the env-only ceiling (S x num_envs envs in one pool, random actions) measured in the same run.
+Each runs in a fresh process: compile, ``--warmup`` iterations, then ``--iterations`` timed ones; each process
+reports the env steps of its timed iterations (all its agents' together) and their seconds. Reported
+(``summarise``): the compile time, the env steps/s of all agents together (in one process or one after another:
+all timed steps over all timed seconds; at once: the sum of each process's rate), the same per agent (what
+``ppo-eqx train`` logs as an agent's ``sps``), the wall time of the whole job (process start, env creation and
+compile included) and the env-only ceiling (S x num_envs envs in one pool, random actions) measured in the same
+run.
 
     python bench/seeds.py --env-id Breakout-v5 --num-seeds 2 --json bench/results/seeds.json
 """
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
-
-from _common import env_only_sps, environment, write_results
 
 HERE = Path(__file__).resolve()
 
@@ -70,8 +72,10 @@ def worker(args: argparse.Namespace) -> None:
         jax.block_until_ready(trainer.step())
     seconds = time.perf_counter() - start
     trainer.close()
-    steps = args.num_seeds * args.iterations * trainer.config.batch_size
-    print(json.dumps({"compile_s": compile_s, "env_steps_per_s": steps / seconds}))
+    steps = args.num_seeds * args.iterations * trainer.config.batch_size  # every agent's steps
+    print(
+        json.dumps({"compile_s": compile_s, "env_steps": steps, "seconds": seconds, "env_steps_per_s": steps / seconds})
+    )
 
 
 def spawn(args: argparse.Namespace, seed: int, num_seeds: int) -> subprocess.Popen:
@@ -88,6 +92,36 @@ def result(process: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+ONE_PROCESS = "one process, --num-seeds"
+ONE_AFTER_ANOTHER = "processes one after another"
+AT_ONCE = "processes at once"
+
+
+def summarise(mode: str, results: list[dict], *, agents: int, wall_s: float) -> dict:
+    """One row of the table from the workers' ``results`` (each: ``compile_s``, ``env_steps`` of all its
+    agents' timed iterations, ``seconds`` they took) for ``agents`` agents trained in ``mode``.
+
+    A worker's ``env_steps`` already counts all of its agents, so nothing is multiplied by ``agents`` here.
+    Workers that ran one after another (or the one process) are one job: its steps over its seconds. Workers
+    that ran at once each had their own clock over the same stretch of time: their rates add.
+    """
+    if mode == AT_ONCE:
+        rate = sum(r["env_steps"] / r["seconds"] for r in results)
+    elif mode in (ONE_PROCESS, ONE_AFTER_ANOTHER):
+        rate = sum(r["env_steps"] for r in results) / sum(r["seconds"] for r in results)
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    return {
+        "mode": mode,
+        "processes": len(results),
+        "agents": agents,
+        "compile_s": max(r["compile_s"] for r in results),
+        "env_steps_per_s": rate,
+        "env_steps_per_s_per_agent": rate / agents,
+        "wall_s": wall_s,
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.worker:
@@ -96,31 +130,22 @@ def main(argv: list[str] | None = None) -> None:
     seeds = range(args.seed, args.seed + args.num_seeds)
     rows = []
 
-    def add(mode: str, processes: int, results: list[dict], wall_s: float) -> None:
-        rows.append(
-            {
-                "mode": mode,
-                "processes": processes,
-                "agents": args.num_seeds,
-                "compile_s": max(r["compile_s"] for r in results),
-                "env_steps_per_s": sum(r["env_steps_per_s"] for r in results)
-                if mode == "processes at once"
-                else args.num_seeds * args.iterations / sum(args.iterations / r["env_steps_per_s"] for r in results),
-                "wall_s": wall_s,
-            }
-        )
+    def add(mode: str, results: list[dict], wall_s: float) -> None:
+        rows.append(summarise(mode, results, agents=args.num_seeds, wall_s=wall_s))
         print(f"# {mode}: {rows[-1]['env_steps_per_s']:.0f} env steps/s, {wall_s:.1f} s in all", flush=True)
 
     start = time.perf_counter()
     one = result(spawn(args, args.seed, args.num_seeds))
-    add("one process, --num-seeds", 1, [one], time.perf_counter() - start)
+    add(ONE_PROCESS, [one], time.perf_counter() - start)
     start = time.perf_counter()
     after = [result(spawn(args, seed, 1)) for seed in seeds]
-    add("processes one after another", args.num_seeds, after, time.perf_counter() - start)
+    add(ONE_AFTER_ANOTHER, after, time.perf_counter() - start)
     start = time.perf_counter()
     processes = [spawn(args, seed, 1) for seed in seeds]
     together = [result(process) for process in processes]
-    add("processes at once", args.num_seeds, together, time.perf_counter() - start)
+    add(AT_ONCE, together, time.perf_counter() - start)
+
+    from _common import env_only_sps, environment, write_results
 
     from ppo_eqx import make_env
 
@@ -135,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         "num_steps": args.num_steps,
         "timed_iterations": args.iterations,
         "env_only_sps": ceiling,
+        "load_average": os.getloadavg(),  # on a shared machine, other jobs' share of the cores
         "environment": environment(),
     }
     write_results(rows, header, args.json)
