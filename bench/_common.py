@@ -106,6 +106,17 @@ def env_only_sps(
     return num_steps * num_envs / seconds
 
 
+def pool_env_only_sps(config: PPOConfig, repeats: int) -> float:
+    """``env_only_sps`` of a synchronous pool of ``config.num_envs`` envs made for this measurement alone."""
+    from ppo_eqx import make_env
+
+    spec, handle, env_step, pool, _ = make_env(config)
+    try:
+        return env_only_sps(env_step, handle, spec.num_actions, config.num_steps, config.num_envs, repeats)
+    finally:
+        pool.close()
+
+
 def async_env_only_sps(env: Any, handle: Any, num_actions: int, num_steps: int, batch_size: int, repeats: int) -> float:
     """``env_only_sps`` of an async pool (``make_async_env``): receives of ``batch_size`` envs, random actions sent."""
     actions = jax.random.randint(jax.random.PRNGKey(0), (num_steps, batch_size), 0, num_actions, jnp.int32)

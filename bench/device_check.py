@@ -1,0 +1,316 @@
+"""One prepared check of ppo_eqx's speed on an accelerator machine, in under 8 minutes.
+
+The one command to run on the device machine (one GPU, e.g. an H200 with 16 CPU cores), from the repository
+root, with the package installed (``pip install -e '.[gpu]'``):
+
+    python bench/device_check.py --json bench/results/device_check_h200.json
+
+and on a CPU, to check that the script itself works (a minute or two; ``tests/test_device_check.py`` runs it):
+
+    python bench/device_check.py --quick --json bench/results/device_check_cpu_quick.json
+
+Parts, in this order, each in a fresh process (so a crash or a hang of one, e.g. EnvPool's async pool, is
+recorded as an error string in its row and the next part runs; and each part's peak memory is its own). The
+times are estimates for one H200 (not yet measured there), each including about 5-10 s of process start and
+jax/CUDA initialisation; the JSON records what each part took (``seconds``):
+
+- ``environment`` (about 15 s): hardware, versions, backend, devices, the float32 matmul rate, what
+  ``--conv-impl auto`` picks here, the device's memory limit.
+- ``env_only_8``, ``_16``, ``_32``, ``_64`` (about 30 s, one process): env steps/s of EnvPool's XLA step alone
+  (random actions, ``num_steps`` steps in a ``lax.scan``) for 8, 16, 32 and 64 envs: the ceilings.
+- ``train_xla``, ``train_matmul`` (about 45-60 s each), and ``train_kernel`` on a CPU where the kernel builds:
+  CleanRL's configuration (Breakout-v5, 8 envs x 128 steps, 4 minibatches, 4 epochs) with each convolution
+  route: setup (envs and tracing), compile time, env steps/s of the timed iterations after warm-up, the median
+  iteration, peak device memory (``peak_bytes_in_use``; None where the backend keeps no statistics, as the
+  CPU), peak RSS, and the projected minutes for 10M steps (``(1e7 / steps_per_s + compile_s) / 60``).
+- ``seeds_4``, ``seeds_8`` (about 60 s each): the same with ``--num-seeds`` 4 and 8 (one pool of S x 8 envs);
+  steps/s of all agents together and per agent; the projection is for every agent to reach 10M steps.
+- ``async`` (about 45 s): EnvPool's async pool at CleanRL's batch size (16 envs, 8 per receive, 128 steps).
+
+A global budget (``--budget-s``: 450 s; 360 s with ``--quick``, for a loaded CPU) bounds the whole run: each
+part may use at most what is left of it (and ``--part-timeout-s``), and the parts that no longer fit are
+recorded as skipped with a note. JAX preallocates GPU memory beside EnvPool: as CleanRL does,
+``XLA_PYTHON_CLIENT_MEM_FRACTION`` is set to 0.6 unless it is set already. The parent process imports jax only
+after every part has run, on the CPU, to print the table.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve()
+ATARI_SHAPE = (4, 84, 84)
+MIN_PART_S = 20.0  # a part started with less of the budget left would only be killed
+
+
+@dataclass(frozen=True)
+class Settings:
+    env_id: str = "Breakout-v5"
+    env_only_sizes: tuple[int, ...] = (8, 16, 32, 64)
+    env_only_repeats: int = 5
+    num_envs: int = 8  # CleanRL's configuration: 8 envs x 128 steps, 4 minibatches, 4 epochs
+    num_steps: int = 128
+    num_minibatches: int = 4
+    update_epochs: int = 4
+    warmup: int = 3
+    iterations: int = 30
+    seeds: tuple[int, ...] = (4, 8)
+    seeds_iterations: int = 10
+    async_num_envs: int = 16  # 8 per receive x 128 steps: CleanRL's batch of 1024
+    async_batch_size: int = 8
+    budget_s: float = 450.0
+
+
+FULL = Settings()
+# Every part, as small as it gets: a check that the script runs, not a measurement. The XLA route's
+# convolution gradients are slow on the CPU (the reason for the other routes), so the update is one epoch.
+QUICK = Settings(
+    env_only_sizes=(8, 16),
+    env_only_repeats=2,
+    num_envs=4,
+    num_steps=16,
+    num_minibatches=2,
+    update_epochs=1,
+    warmup=1,
+    iterations=2,
+    seeds=(2,),
+    seeds_iterations=2,
+    async_num_envs=4,
+    async_batch_size=2,
+    budget_s=360.0,
+)
+
+
+# --- Parts: each runs in its own process and returns its rows (or, for the environment, the header's entry).
+
+
+def environment_part(settings: Settings) -> dict[str, Any]:
+    import jax
+    from _common import environment, matmul_rate
+
+    from ppo_eqx.networks import choose_conv_impl
+
+    device = jax.devices()[0]
+    limit = (device.memory_stats() or {}).get("bytes_limit")
+    return {
+        **environment(),
+        "devices": [str(d) for d in jax.devices()],
+        "device_kind": device.device_kind,
+        "device_limit_mib": limit / 2**20 if limit else None,
+        "xla_python_client_mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
+        "matmul_gflops": matmul_rate() / 1e9,
+        "auto_conv_impl": choose_conv_impl("auto", ATARI_SHAPE),
+    }
+
+
+def env_only_part(settings: Settings) -> list[dict[str, Any]]:
+    from _common import pool_env_only_sps
+
+    from ppo_eqx import PPOConfig
+
+    rows = []
+    for num_envs in settings.env_only_sizes:
+        row: dict[str, Any] = {"part": f"env_only_{num_envs}", "num_envs": num_envs}
+        try:
+            config = PPOConfig(env_id=settings.env_id, num_envs=num_envs, num_steps=settings.num_steps).validate()
+            start = time.perf_counter()
+            row["env_steps_per_s"] = pool_env_only_sps(config, repeats=settings.env_only_repeats)
+            row.update(status="ok", seconds=time.perf_counter() - start)
+        except Exception as error:  # one pool size failing leaves the others measured
+            row.update(status="error", error=f"{type(error).__name__}: {error}")
+        rows.append(row)
+    return rows
+
+
+def train_part(settings: Settings, *, conv_impl: str, num_seeds: int = 1, async_batch_size: int = 0) -> dict:
+    """Compile, warm up, then time ``trainer.step()``; only the public Trainer API is used."""
+    import jax
+    import numpy as np
+    from _common import device_memory_mib, peak_rss_mib
+
+    from ppo_eqx import PPOConfig, Trainer
+
+    num_envs = settings.async_num_envs if async_batch_size else settings.num_envs
+    iterations = settings.seeds_iterations if num_seeds > 1 else settings.iterations
+    agent_batch = (async_batch_size or num_envs) * settings.num_steps
+    config = PPOConfig(
+        env_id=settings.env_id,
+        num_envs=num_envs,
+        num_steps=settings.num_steps,
+        num_minibatches=settings.num_minibatches,
+        update_epochs=settings.update_epochs,
+        conv_impl=conv_impl,
+        num_seeds=num_seeds,
+        async_batch_size=async_batch_size,
+        total_timesteps=agent_batch * (settings.warmup + iterations),  # counts each agent's steps
+        checkpoint_every=10**9,  # one segment of envs: nothing is remade or recompiled while timing
+    ).validate()
+    start = time.perf_counter()
+    trainer = Trainer(config)
+    setup_s = time.perf_counter() - start
+    try:
+        compile_s = trainer.compile()
+        for _ in range(settings.warmup):
+            jax.block_until_ready(trainer.step())
+        times, metrics = [], {}
+        for _ in range(iterations):
+            start = time.perf_counter()
+            metrics = jax.block_until_ready(trainer.step())
+            times.append(time.perf_counter() - start)
+    finally:
+        trainer.close()
+    steps_per_s = num_seeds * config.batch_size * iterations / sum(times)
+    per_agent = steps_per_s / num_seeds
+    return {
+        "env_id": config.env_id,
+        "num_envs": num_envs,
+        "num_steps": config.num_steps,
+        "num_minibatches": config.num_minibatches,
+        "update_epochs": config.update_epochs,
+        "num_seeds": num_seeds,
+        "async_batch_size": async_batch_size,
+        "conv_impl": conv_impl,
+        "setup_s": setup_s,
+        "compile_s": compile_s,
+        "iterations_timed": iterations,
+        "median_iteration_s": statistics.median(times),
+        "env_steps_per_s": steps_per_s,
+        "env_steps_per_s_per_agent": per_agent,
+        "projected_10M_min": (1e7 / per_agent + compile_s) / 60,
+        "device_peak_mib": device_memory_mib(),
+        "peak_rss_mib": peak_rss_mib(),
+        "loss": float(np.mean(metrics["loss"])),
+    }
+
+
+def run_part(kind: str, settings: Settings, options: dict[str, Any]) -> Any:
+    if kind == "environment":
+        return environment_part(settings)
+    if kind == "env_only":
+        return env_only_part(settings)
+    if kind == "train":
+        return train_part(settings, **options)
+    raise ValueError(f"unknown part {kind!r}")
+
+
+# --- The parent: runs the parts one after another in fresh processes, within the budget.
+
+
+def measurement_parts(settings: Settings, environment: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, kind, options) of every part after the environment, in the order they run."""
+    routes = ["xla", "matmul"]
+    if environment.get("backend") == "cpu" and environment.get("auto_conv_impl") == "kernel":
+        routes.append("kernel")  # the CPU kernel exists on the CPU only, and only where it builds
+    parts: list[tuple[str, str, dict[str, Any]]] = [("env_only", "env_only", {})]
+    parts += [(f"train_{route}", "train", {"conv_impl": route}) for route in routes]
+    # The seeds and the async pool run with what "auto" picks here (the route a user gets).
+    auto = environment.get("auto_conv_impl", "xla")
+    parts += [(f"seeds_{s}", "train", {"conv_impl": auto, "num_seeds": s}) for s in settings.seeds]
+    parts.append(("async", "train", {"conv_impl": auto, "async_batch_size": settings.async_batch_size}))
+    return parts
+
+
+def spawn_part(kind: str, settings: Settings, options: dict[str, Any], timeout_s: float) -> tuple[Any, float]:
+    """Run one part in a fresh process; its result (the last line of its stdout, JSON) and its seconds."""
+    command = [sys.executable, str(HERE), "--part", kind, "--settings", json.dumps(asdict(settings))]
+    command += ["--options", json.dumps(options)]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"timed out after {timeout_s:.0f} s") from None
+    seconds = time.perf_counter() - start
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("{", "["))]
+    if done.returncode != 0 or not lines:
+        tail = " | ".join(done.stderr.strip().splitlines()[-6:])
+        raise RuntimeError(f"exit status {done.returncode}: {tail[-1500:]}")
+    return json.loads(lines[-1]), seconds
+
+
+def has_only_finite_numbers(row: dict[str, Any]) -> bool:
+    return all(math.isfinite(v) for v in row.values() if isinstance(v, float))
+
+
+def run_parts(settings: Settings, part_timeout_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every part, one after another, each in a fresh process: the environment and the rows of the table."""
+    deadline = time.perf_counter() + settings.budget_s
+
+    def attempt(name: str, kind: str, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The part's result (None unless it ran) and its status row."""
+        left = deadline - time.perf_counter()
+        if left < MIN_PART_S:
+            note = f"skipped: {left:.0f} s of the {settings.budget_s:.0f} s budget left"
+            print(f"# {name}: {note}", flush=True)
+            return None, {"part": name, "status": "skipped", "note": note}
+        try:
+            result, seconds = spawn_part(kind, settings, options, min(left, part_timeout_s))
+        except RuntimeError as error:
+            print(f"# {name}: error: {error}", flush=True)
+            return None, {"part": name, "status": "error", "error": str(error)}
+        print(f"# {name}: {seconds:.1f} s", flush=True)
+        return result, {"part": name, "status": "ok", "seconds": seconds}
+
+    environment, env_row = attempt("environment", "environment", {})
+    environment = env_row if environment is None else {**environment, "seconds": env_row["seconds"]}
+    rows = []
+    for name, kind, options in measurement_parts(settings, environment):
+        result, row = attempt(name, kind, options)
+        if result is None:
+            measured = [row]
+        elif kind == "env_only":
+            measured = result  # one row per pool size, each with its own status
+        else:
+            measured = [{**row, **result}]
+        for row in measured:
+            if row["status"] == "ok" and not has_only_finite_numbers(row):
+                row.update(status="error", error="a measured number is not finite")
+        rows += measured
+    return environment, rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    # Before any jax import, in this process or a part's (each part imports jax when it runs).
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny settings, for a CPU: a minute or two")
+    parser.add_argument("--budget-s", type=float, default=None, help="the whole run's limit (default: 450, 360)")
+    parser.add_argument("--part-timeout-s", type=float, default=180.0, help="one part's limit (default: 180)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--part", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--settings", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--options", default="{}", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.part is not None:  # inside a part's process
+        settings = Settings(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(args.settings).items()})
+        print(json.dumps(run_part(args.part, settings, json.loads(args.options))), flush=True)
+        return
+
+    settings = QUICK if args.quick else FULL
+    if args.budget_s is not None:
+        settings = replace(settings, budget_s=args.budget_s)
+    start = time.perf_counter()
+    environment, rows = run_parts(settings, args.part_timeout_s)
+    header = {
+        "command": " ".join([Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]),
+        "quick": args.quick,
+        "settings": asdict(settings),
+        "environment": environment,
+        "parts": [row["part"] for row in rows],
+        "total_s": time.perf_counter() - start,
+    }
+    os.environ["JAX_PLATFORMS"] = "cpu"  # every part has run: the table needs no accelerator
+    from _common import write_results
+
+    write_results(rows, header, args.json)
+
+
+if __name__ == "__main__":
+    main()
