@@ -108,11 +108,11 @@ def env_only_sps(
 
 def pool_env_only_sps(config: PPOConfig, repeats: int) -> float:
     """``env_only_sps`` of a synchronous pool of ``config.num_envs`` envs made for this measurement alone."""
-    from ppo_eqx import make_env
+    from ppo_eqx import make_pool
 
-    spec, handle, env_step, pool, _ = make_env(config)
+    pool = make_pool(config.env_id, config.num_envs, seed=config.seed)
     try:
-        return env_only_sps(env_step, handle, spec.num_actions, config.num_steps, config.num_envs, repeats)
+        return env_only_sps(pool.step, pool.handle, pool.spec.num_actions, config.num_steps, config.num_envs, repeats)
     finally:
         pool.close()
 

@@ -145,14 +145,10 @@ def main(argv: list[str] | None = None) -> None:
     together = [result(process) for process in processes]
     add(AT_ONCE, together, time.perf_counter() - start)
 
-    from _common import env_only_sps, environment, write_results
-
-    from ppo_eqx import make_env
+    from _common import environment, pool_env_only_sps, write_results
 
     pool_config = config_of(args, args.seed, 1).replace(num_envs=args.num_seeds * args.num_envs)
-    spec, handle, env_step, pool, _ = make_env(pool_config)
-    ceiling = env_only_sps(env_step, handle, spec.num_actions, args.num_steps, pool_config.num_envs, repeats=3)
-    del pool
+    ceiling = pool_env_only_sps(pool_config, repeats=3)
     header = {
         "env_id": args.env_id,
         "num_seeds": args.num_seeds,
