@@ -14,6 +14,7 @@ from .bench_scripts import BENCH_DIR, load_bench_script
 
 SCRIPT = BENCH_DIR / "device_check.py"
 
+# One tier per test (tests/conftest.py): the parts step EnvPool in processes of their own, so "subprocess".
 pytestmark = pytest.mark.subprocess
 
 
@@ -28,7 +29,6 @@ def numbers(row: dict[str, Any]) -> list[float]:
     return [v for v in row.values() if isinstance(v, int | float) and not isinstance(v, bool)]
 
 
-@pytest.mark.envpool
 def test_quick_runs_every_part_with_finite_numbers(tmp_path: Path) -> None:
     # A generous budget: on a loaded machine this checks that every part works, not how fast.
     results = run_check(tmp_path / "quick.json", "--quick", "--budget-s", "1200", timeout=1500)
