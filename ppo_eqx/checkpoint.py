@@ -207,12 +207,8 @@ def check_same_run(path: Path, metadata: dict[str, Any], config: PPOConfig) -> N
         raise CheckpointError(f"checkpoint {path} belongs to another run: {shown}")
 
 
-def load_checkpoint(path: Path, metadata: dict[str, Any], config: PPOConfig, spec: EnvSpec) -> Checkpoint:
-    """Read the arrays of the checkpoint ``path`` into a tree shaped by ``config`` and ``spec``.
-
-    Raises CheckpointError when the ``.eqx`` file is missing, truncated or altered (size and SHA-256 against
-    the metadata), or holds arrays of other shapes or dtypes (another architecture or env).
-    """
+def read_arrays(path: Path, metadata: dict[str, Any]) -> bytes:
+    """The bytes of a checkpoint's ``.eqx`` file, checked against the size and SHA-256 in its metadata."""
     arrays = path.with_name(metadata["arrays"])
     try:
         data = arrays.read_bytes()
@@ -226,6 +222,17 @@ def load_checkpoint(path: Path, metadata: dict[str, Any], config: PPOConfig, spe
         )
     if hashlib.sha256(data).hexdigest() != metadata["arrays_sha256"]:
         raise CheckpointError(f"checkpoint {arrays} is damaged: its SHA-256 differs from the one written")
+    return data
+
+
+def load_checkpoint(path: Path, metadata: dict[str, Any], config: PPOConfig, spec: EnvSpec) -> Checkpoint:
+    """Read the arrays of the checkpoint ``path`` into a tree shaped by ``config`` and ``spec``.
+
+    Raises CheckpointError when the ``.eqx`` file is missing, truncated or altered (size and SHA-256 against
+    the metadata), or holds arrays of other shapes or dtypes (another architecture or env).
+    """
+    data = read_arrays(path, metadata)
+    arrays = path.with_name(metadata["arrays"])
     if list(spec.obs_shape) != list(metadata.get("obs_shape", spec.obs_shape)) or spec.num_actions != metadata.get(
         "num_actions", spec.num_actions
     ):

@@ -86,7 +86,7 @@ def plan_new(args: argparse.Namespace) -> Plan:
 
 def plan_resume(args: argparse.Namespace) -> Plan:
     """The checked plan of ``--resume RUN_DIR``: its config and newest checkpoint's metadata (arrays not read)."""
-    from .checkpoint import check_same_run, read_metadata, resolve_checkpoint
+    from .checkpoint import check_same_run, read_arrays, read_metadata, resolve_checkpoint
     from .envs import backend
 
     run_dir: Path = args.resume
@@ -108,6 +108,7 @@ def plan_resume(args: argparse.Namespace) -> Plan:
     path = resolve_checkpoint(run_dir)
     metadata = read_metadata(path)
     check_same_run(path, metadata, config)
+    read_arrays(path, metadata)  # whole and unaltered (loaded once the devices are known)
     if not os.access(run_dir, os.W_OK | os.X_OK):
         raise RunDirError(f"--resume {run_dir} is not writable")
     return Plan(config, run_dir, {**metadata, "path": path})

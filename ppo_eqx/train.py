@@ -19,7 +19,7 @@ import concurrent.futures
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import equinox as eqx
 import jax
@@ -129,29 +129,43 @@ def make_iteration(
     return iteration if config.num_seeds == 1 else over_agents(iteration)
 
 
+def agent_axes(state: TrainState) -> TrainState:
+    """``vmap`` axes of a state stacked over agents: 0 for every array but the shared env handle and counter."""
+    axes = jax.tree.map(lambda x: 0 if eqx.is_array(x) else None, state)
+    return eqx.tree_at(lambda s: (s.carry.handle, s.iteration), axes, (None, None), is_leaf=lambda x: x is None)
+
+
 def over_agents(
     iteration: Callable[[TrainState], tuple[TrainState, Metrics]],
 ) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
-    """One agent's iteration ``vmap``-ed over the leading ``S`` axis of a stacked state (handle and counter shared)."""
+    """One agent's iteration ``vmap``-ed over the leading ``S`` axis of a stacked state (``agent_axes``)."""
 
     def agents(state: TrainState) -> tuple[TrainState, Metrics]:
-        axes = jax.tree.map(lambda x: 0 if eqx.is_array(x) else None, state)
-        axes = eqx.tree_at(lambda s: (s.carry.handle, s.iteration), axes, (None, None), is_leaf=lambda x: x is None)
+        axes = agent_axes(state)
         return eqx.filter_vmap(iteration, in_axes=(axes,), out_axes=(axes, 0))(state)
 
     return agents
 
 
-def make_prime(collector: Collector) -> Callable[[TrainState], TrainState]:
-    """``collector.prime`` of a fresh pool (the state's carry from ``collector.carry``) with the state's model."""
+def make_prime(config: PPOConfig, collector: Collector) -> Callable[[TrainState], TrainState]:
+    """``collector.prime`` of a fresh pool (the state's carry from ``collector.carry``) with the state's model;
+    with ``num_seeds`` S > 1, each agent's (``vmap``-ed as the iteration is)."""
 
     def prime(state: TrainState) -> TrainState:
         carry, key = collector.prime(state.model, state.carry, state.key)
         return TrainState(state.model, state.opt_state, carry, key, state.iteration)
 
-    return prime
+    if config.num_seeds == 1:
+        return prime
+
+    def agents(state: TrainState) -> TrainState:
+        axes = agent_axes(state)
+        return eqx.filter_vmap(prime, in_axes=(axes,), out_axes=axes)(state)
+
+    return agents
 
 
+@runtime_checkable
 class Program(Protocol):
     """A segment's compiled iteration, as a placement builds it."""
 
@@ -169,6 +183,7 @@ class EnvShare(NamedTuple):
     total: int | None = None
 
 
+@runtime_checkable
 class Placement(Protocol):
     """Where the iteration runs: which envs are this process's, how the state is laid out, the program."""
 
@@ -184,7 +199,7 @@ class _Jitted:
 
     def __init__(self, config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation):
         iteration = eqx.debug.assert_max_traces(make_iteration(config, collector, optimizer), max_traces=1)
-        prime = eqx.debug.assert_max_traces(make_prime(collector), max_traces=1)
+        prime = eqx.debug.assert_max_traces(make_prime(config, collector), max_traces=1)
         self._iteration = eqx.filter_jit(iteration, donate="all")
         self._prime = eqx.filter_jit(prime, donate="all")
 
@@ -375,11 +390,11 @@ def run(trainer: Trainer, *, num_iterations: int | None = None) -> Iterator[dict
         yield records[0]
 
 
-def agent_records(config: PPOConfig, iteration: int, metrics: dict[str, Any], seconds: float) -> list[dict[str, float]]:
+def agent_records(config: PPOConfig, iteration: int, metrics: dict[str, Any], seconds: float) -> list[dict[str, Any]]:
     """One host-side record per agent of an iteration's (fetched) metrics; ``seconds`` the iteration took."""
     records = []
     for agent in range(config.num_seeds):
-        record: dict[str, float] = {"iteration": iteration, "global_step": iteration * config.batch_size}
+        record: dict[str, Any] = {"iteration": iteration, "global_step": iteration * config.batch_size}
         record["sps"] = config.batch_size / seconds
         record.update({name: float(np.reshape(value, -1)[agent]) for name, value in metrics.items()})
         records.append(record)

@@ -3,10 +3,11 @@
 from typing import NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Int
 
 from ppo_eqx import EnvOutput
-from ppo_eqx.envs import AsyncEnv
+from ppo_eqx.envs import AsyncEnv, AsyncPool, EnvSpec, Pool
 
 
 def counting_env(num_envs: int, lives: int = 1):
@@ -77,3 +78,18 @@ def counting_async_env(num_envs: int, batch_size: int, lives: int = 1):
     zeros = jnp.zeros(num_envs, jnp.int32)
     handle = AsyncHandle(zeros, zeros, duration(envs, 0).astype(jnp.int32), jnp.int32(0))
     return handle, AsyncEnv(recv, send)
+
+
+SPEC = EnvSpec("fake", (4,), np.dtype(np.float32), 3, False)
+
+
+def counting_pool(num_envs: int, lives: int = 1) -> Pool:
+    """``counting_env`` as a backend's ``Pool`` (observations ``[N, 4]``, 3 actions)."""
+    handle, obs, env_step = counting_env(num_envs, lives)
+    return Pool(SPEC, handle, env_step, np.asarray(obs), lambda: None, lambda i: np.zeros((1, 1, 3), np.uint8))
+
+
+def counting_async_pool(num_envs: int, batch_size: int, lives: int = 1) -> AsyncPool:
+    """``counting_async_env`` as a backend's ``AsyncPool``."""
+    handle, env = counting_async_env(num_envs, batch_size, lives)
+    return AsyncPool(SPEC, handle, env, lambda: None)

@@ -6,19 +6,20 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import ppo_eqx.checkpoint as checkpoint_module
+import ppo_eqx.rundir as rundir
 from ppo_eqx import PPOConfig
 from ppo_eqx.checkpoint import (
+    Checkpoint,
     CheckpointError,
     check_same_run,
+    init_checkpoint,
     list_checkpoints,
     load_checkpoint,
     read_metadata,
     resolve_checkpoint,
     save_checkpoint,
 )
-from ppo_eqx.envs import env_spec
-from ppo_eqx.train import Checkpoint, init_checkpoint, segment_env_seeds
+from ppo_eqx.envs import env_spec, segment_env_seeds
 
 from .comparisons import leaves_equal
 
@@ -74,13 +75,13 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path, spec, fresh):
 def test_a_full_disk_leaves_the_previous_checkpoint_intact(tmp_path, spec, fresh, monkeypatch):
     previous = save_checkpoint(tmp_path, at_iteration(fresh, 2, seed=1), CARTPOLE, spec, keep=3)
     before = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()}
-    real_write = checkpoint_module._write_all
+    real_write = rundir._write_all
 
     def write_half_then_fail(fd, data):
         real_write(fd, data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(checkpoint_module, "_write_all", write_half_then_fail)
+    monkeypatch.setattr(rundir, "_write_all", write_half_then_fail)
     with pytest.raises(OSError) as raised:
         save_checkpoint(tmp_path, at_iteration(fresh, 4, seed=2), CARTPOLE, spec, keep=3)
     assert raised.value.errno == errno.ENOSPC
@@ -164,10 +165,10 @@ def test_missing_checkpoints_are_named(tmp_path):
 
 @pytest.mark.unit
 def test_segment_seeds_depend_on_seed_and_iteration_only():
-    assert segment_env_seeds(1, 0, 4) is None  # EnvPool's own seeding, as CleanRL: env i gets seed + i
+    assert segment_env_seeds(7, 0, 4) == [7, 8, 9, 10]  # EnvPool's own seeding, as CleanRL: env i gets seed + i
     seeds = segment_env_seeds(1, 50, 8)
     assert seeds == segment_env_seeds(1, 50, 8)
-    assert seeds is not None and len(set(seeds)) == 8 and all(0 <= s < 2**31 for s in seeds)
+    assert len(set(seeds)) == 8 and all(0 <= s < 2**31 for s in seeds)
     assert seeds != segment_env_seeds(1, 100, 8) and seeds != segment_env_seeds(2, 50, 8)
     # The first envs of a bigger pool are seeded as the smaller pool's: seeds are drawn per env in order.
-    assert segment_env_seeds(1, 50, 16)[:8] == seeds  # type: ignore[index]
+    assert segment_env_seeds(1, 50, 16)[:8] == seeds

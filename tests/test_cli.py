@@ -31,7 +31,7 @@ def error_line(capsys) -> str:
         (["train", "--conv-impl", "fft"], "argument --conv-impl: invalid choice: 'fft'"),
         (["train", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["fly"], "invalid choice: 'fly'"),
-        (["train", "--devices", "0"], "--devices 0 must be at least 1"),
+        (["train", "--devices", "0"], "argument --devices: 0 is out of range; allowed: 1 .. 65536"),
         (["train", "--devices", "64"], "--devices 64: jax sees 1 cpu device(s); on CPU set XLA_FLAGS="),
         (["train", "--process-id", "0"], "--process-id needs --coordinator-address, --num-processes too"),
         (
@@ -77,7 +77,7 @@ def test_an_unwritable_run_directory_is_reported(capsys, tmp_path):
     assert main([*TINY_CARTPOLE, "--run-dir", str(blocker)]) == 2
     assert "is a file, not a directory" in error_line(capsys)
     assert main([*TINY_CARTPOLE, "--run-dir", str(blocker / "below")]) == 2
-    assert "is not writable" in error_line(capsys)
+    assert f"{blocker} is a file, not a directory" in error_line(capsys)
 
 
 def test_run_directory_contents(capsys, tmp_path):

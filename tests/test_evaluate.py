@@ -8,11 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ppo_eqx import PPOConfig
-from ppo_eqx.checkpoint import save_checkpoint
+from ppo_eqx.checkpoint import init_checkpoint, save_checkpoint
 from ppo_eqx.cli import main
 from ppo_eqx.envs import env_spec
 from ppo_eqx.evaluate import MAX_ENVS, episode_quotas, evaluate, summarise
-from ppo_eqx.train import init_checkpoint
 
 pytestmark = pytest.mark.envpool
 
@@ -90,7 +89,7 @@ def test_greedy_eval_of_a_checkpoint_file_with_a_gif(tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--episodes", "0"], "--episodes 0 must be at least 1"),
+        (["--episodes", "0"], "argument --episodes: 0 is out of range; allowed: 1 .. 1000000"),
         (["--video", "game.avi"], "--video game.avi: the name must end in .mp4 or .gif"),
     ],
 )

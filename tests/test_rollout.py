@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppo_eqx import ActorCritic, PPOConfig, RolloutCarry, init_episode_stats, make_async_env, rollout
+from ppo_eqx import ActorCritic, RolloutCarry, init_episode_stats, make_async_pool, rollout
 from ppo_eqx.networks import MLP
 from ppo_eqx.rollout import async_rollout, init_async_carry, prime_async, sample_actions
 
@@ -183,11 +183,11 @@ def cartpole_step(obs, action):
 @pytest.mark.envpool
 def test_async_rollout_on_cartpole_keeps_each_envs_transitions_in_order():
     """With EnvPool's real async pool, each env's stored observation follows from its previous one and action."""
-    config = PPOConfig(env_id="CartPole-v1", num_envs=4, async_batch_size=2)
-    spec, handle, env, pool = make_async_env(config)
+    pool = make_async_pool("CartPole-v1", 4, 2)
+    spec = pool.spec
     model = ActorCritic(spec.obs_shape, spec.num_actions, key=jax.random.PRNGKey(0))
-    carry = init_async_carry(jnp.asarray(handle), spec.obs_shape, spec.obs_dtype, init_episode_stats(4))
-    _, _, transitions = primed_async_rollouts(model, env, carry, num_steps=64, num_rollouts=2)
+    carry = init_async_carry(pool.handle, spec.obs_shape, spec.obs_dtype, init_episode_stats(4))
+    _, _, transitions = primed_async_rollouts(model, pool.env, carry, num_steps=64, num_rollouts=2)
     pool.close()
 
     env_ids = np.asarray(transitions.env_ids)

@@ -12,8 +12,8 @@ import pytest
 from ppo_eqx import ConfigError, PPOConfig
 from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.cli import main
-from ppo_eqx.envs import env_spec, seeds_env_step
-from ppo_eqx.train import pool_env_seeds, segment_env_seeds
+from ppo_eqx.envs import env_spec, seeds_env_step, segment_env_seeds
+from ppo_eqx.train import pool_env_seeds
 from ppo_eqx_bench.runs import find_run_dirs, load_run
 
 from .comparisons import ATOL, PARAM_ATOL, RTOL

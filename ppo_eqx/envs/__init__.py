@@ -9,7 +9,7 @@ module of its own, the only one that imports its library; ``backend(name)`` impo
 
 import importlib
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +75,7 @@ class AsyncPool(NamedTuple):
     close: Callable[[], None]
 
 
+@runtime_checkable
 class EnvBackend(Protocol):
     """What a backend implements; ppo_eqx needs nothing else of it."""
 

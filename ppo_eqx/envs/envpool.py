@@ -58,7 +58,10 @@ def _make(env_id: str, seeds: Sequence[int], **kwargs: Any) -> Any:
     if spec.is_atari:
         kwargs.update(episodic_life=True, reward_clip=True)
     with _quiet_gymnasium():
-        return envpool.make(env_id, **kwargs)
+        pool = envpool.make(env_id, **kwargs)
+        # The spaces are built (and warned about) once, here: the traced XLA calls read them too.
+        pool.observation_space, pool.action_space  # noqa: B018
+    return pool
 
 
 def _env_output(timestep: tuple[Any, ...], atari: bool) -> EnvOutput:
