@@ -36,10 +36,11 @@ from _common import (
     write_results,
 )
 
-from ppo_eqx import Batch, compute_gae, make_env, make_optimizer, model_loss
+from ppo_eqx import Batch, compute_gae, make_optimizer, make_pool, model_loss, sync_collector
+from ppo_eqx.checkpoint import init_checkpoint
 from ppo_eqx.networks import categorical_logprob_entropy, choose_conv_impl
 from ppo_eqx.rollout import RolloutCarry, init_episode_stats, rollout
-from ppo_eqx.train import init_train_state, make_iteration
+from ppo_eqx.train import OneDevice, make_iteration
 from ppo_eqx.update import update
 
 
@@ -53,9 +54,11 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     config = config_from_args(args, total_timesteps=args.num_envs * args.num_steps * 100)
-    spec, handle, env_step, pool, first_obs = make_env(config)
+    pool = make_pool(config.env_id, config.num_envs, seed=config.seed)
+    spec, handle, env_step = pool.spec, pool.handle, pool.step
     optimizer = make_optimizer(config)
-    state = init_train_state(config, spec, handle, first_obs, optimizer)
+    collector = sync_collector(pool, num_steps=config.num_steps, gamma=config.gamma, gae_lambda=config.gae_lambda)
+    state = OneDevice().place(init_checkpoint(config, spec), collector)
     model = state.model
     n, t, r = config.num_envs, config.num_steps, args.repeats
     rows = []
@@ -81,7 +84,7 @@ def main() -> None:
     add("env step (x num_steps, no model)", env_only, (handle, actions), n * t)
     env_sps = rows[-1]["env_steps_per_s"]
 
-    obs = jnp.asarray(first_obs)
+    obs = jnp.asarray(pool.first_obs)
 
     @eqx.filter_jit
     def policy_step(model, obs, key):
@@ -138,7 +141,7 @@ def main() -> None:
     )
     add("full update", full_update, (model, opt_state, batch, jax.random.PRNGKey(3)), size, repeats=max(2, r // 2))
 
-    iteration = eqx.filter_jit(make_iteration(config, env_step, optimizer))
+    iteration = eqx.filter_jit(make_iteration(config, collector, optimizer))
     add("whole iteration", iteration, (state,), size, repeats=max(2, r // 2))
 
     ceilings = model_flops(config, spec, optimizer)

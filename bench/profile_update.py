@@ -126,14 +126,13 @@ def main() -> None:
     import numpy as np
     from _common import config_from_args, environment, matmul_rate, write_results
 
-    from ppo_eqx import make_env
     from ppo_eqx._types import Batch
+    from ppo_eqx.envs import env_spec
     from ppo_eqx.networks import ActorCritic
     from ppo_eqx.update import make_optimizer, update
 
     config = config_from_args(args)
-    spec, _, _, pool, _ = make_env(config)
-    del pool
+    spec = env_spec(config.env_id)
     model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=config.conv_impl, key=jax.random.PRNGKey(0))
     optimizer = make_optimizer(config)
     opt_state = optimizer.init(eqx.filter(model, eqx.is_array))

@@ -34,7 +34,7 @@ from _common import (
     write_results,
 )
 
-from ppo_eqx import Trainer, make_async_env, make_env
+from ppo_eqx import Trainer, make_async_pool, make_pool
 from ppo_eqx.networks import choose_conv_impl
 from ppo_eqx.train import run
 
@@ -87,12 +87,16 @@ def main() -> None:
 
     # Ceilings in the same process, after the loop, on envs made the same way.
     if config.async_batch_size:
-        spec, handle, env, pool = make_async_env(config)
-        env_sps = async_env_only_sps(env, handle, spec.num_actions, config.num_steps, config.async_batch_size, 5)
+        pool = make_async_pool(config.env_id, config.num_envs, config.async_batch_size, seed=config.seed)
+        spec = pool.spec
+        env_sps = async_env_only_sps(
+            pool.env, pool.handle, spec.num_actions, config.num_steps, config.async_batch_size, 5
+        )
     else:
-        spec, handle, env_step, pool, _ = make_env(config)
-        env_sps = env_only_sps(env_step, handle, spec.num_actions, config.num_steps, config.num_envs, repeats=5)
-    del pool
+        pool = make_pool(config.env_id, config.num_envs, seed=config.seed)
+        spec = pool.spec
+        env_sps = env_only_sps(pool.step, pool.handle, spec.num_actions, config.num_steps, config.num_envs, repeats=5)
+    pool.close()
     ceilings = model_flops(config, spec, trainer.optimizer)
     ceilings.update(matmul_gflops=matmul_rate() / 1e9, env_only_sps=env_sps)
     limit = compute_limit_sps(ceilings)
