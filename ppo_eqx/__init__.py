@@ -21,6 +21,8 @@ from .envs import make_async_pool as make_async_pool
 from .envs import make_pool as make_pool
 from .gae import compute_gae as compute_gae
 from .gae import compute_gae_by_env as compute_gae_by_env
+from .iteration import TrainState as TrainState
+from .iteration import make_iteration as make_iteration
 from .loss import model_loss as model_loss
 from .loss import ppo_loss as ppo_loss
 from .networks import ActorCritic as ActorCritic
@@ -31,8 +33,6 @@ from .rollout import init_episode_stats as init_episode_stats
 from .rollout import rollout as rollout
 from .train import OneDevice as OneDevice
 from .train import Trainer as Trainer
-from .train import TrainState as TrainState
-from .train import make_iteration as make_iteration
 from .train import train as train
 from .update import make_optimizer as make_optimizer
 from .update import update as update

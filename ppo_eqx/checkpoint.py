@@ -199,11 +199,12 @@ def config_of(path: Path, metadata: dict[str, Any]) -> PPOConfig:
 
 
 def check_same_run(path: Path, metadata: dict[str, Any], config: PPOConfig) -> None:
-    """Raise CheckpointError unless the checkpoint was written by a run with ``config``."""
-    saved = metadata["config"]
-    differing = [name for name, value in config.to_dict().items() if saved.get(name) != value]
+    """Raise CheckpointError unless the checkpoint was written by a run with ``config`` (a field that an older
+    checkpoint does not name has its default)."""
+    saved = {**PPOConfig().to_dict(), **metadata["config"]}
+    differing = [name for name, value in config.to_dict().items() if saved[name] != value]
     if differing:
-        shown = ", ".join(f"{name}={saved.get(name)!r} (this run: {getattr(config, name)!r})" for name in differing)
+        shown = ", ".join(f"{name}={saved[name]!r} (this run: {getattr(config, name)!r})" for name in differing)
         raise CheckpointError(f"checkpoint {path} belongs to another run: {shown}")
 
 

@@ -13,10 +13,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .config import CONV_IMPLS, ConfigError, PPOConfig
+from .config import FIELD_CHOICES, ConfigError, PPOConfig
 from .rundir import MAX_NAME, MAX_PATH, RunDirError
 
-CHOICES = {"conv_impl": CONV_IMPLS}
 INT32_MAX = 2**31 - 1
 
 
@@ -74,8 +73,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         help_text = _field_help(field, getattr(defaults, field.name))
         if field.type is bool:
             kwargs: dict[str, Any] = {"action": argparse.BooleanOptionalAction}
-        elif field.name in CHOICES:
-            kwargs = {"choices": CHOICES[field.name]}
+        elif field.name in FIELD_CHOICES:
+            kwargs = {"choices": FIELD_CHOICES[field.name]}
         else:
             kind = int if field.type is int else float if field.type is float else str
             kwargs = {"type": kind, "metavar": field.name.upper()}
@@ -170,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .session import train_command
 
             return train_command(args)
-        from .session import eval_command
+        from .eval_command import eval_command
 
         return eval_command(args)
     except (UsageError, ConfigError, RunDirError) as error:

@@ -12,6 +12,8 @@ class ConfigError(ValueError):
 
 ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
+ENV_BACKENDS = ("envpool",)
+"""The env backends a config may name (``ppo_eqx.envs.BACKENDS`` maps each to its module)."""
 
 INT32_MAX = 2**31 - 1
 """The largest count or seed: EnvPool takes int32 seeds, and JAX counts in int32."""
@@ -76,12 +78,16 @@ class PPOConfig:
     )
     # ppo_eqx's own settings.
     conv_impl: str = dataclasses.field(
-        default="auto", metadata={"help": "how convolutions are computed: auto, kernel, matmul or xla (ppo_eqx's own)"}
+        default="auto",
+        metadata={
+            "help": "how convolutions are computed: auto (xla on a GPU; kernel, else matmul, on CPU), kernel, "
+            "matmul or xla (ppo_eqx's own)"
+        },
     )
-    """How convolutions are computed (one of CONV_IMPLS): "matmul" (space-to-depth, then matmuls; fast
-    on CPU), "kernel" (as matmul, the first layer by a hand-written CPU kernel; faster still), "xla"
-    (lax.conv_general_dilated), or "auto": "kernel" on CPU where the kernel builds, else "matmul". Same
-    numbers within float32 rounding."""
+    """How convolutions are computed (one of CONV_IMPLS): "xla" (lax.conv_general_dilated, as CleanRL; cuDNN on
+    a GPU), "matmul" (space-to-depth, then matmuls; fast on CPU), "kernel" (as matmul, the first layer by a
+    hand-written CPU kernel; CPU only, faster still), or "auto": on the CPU "kernel" where the kernel builds,
+    else "matmul"; on any other backend (GPU, TPU) "xla". Same numbers within float32 rounding."""
     minibatch_unroll: int = dataclasses.field(
         default=1, metadata={"help": "unroll of the scan over minibatch steps; larger compiles slower (ppo_eqx's own)"}
     )
@@ -109,6 +115,10 @@ class PPOConfig:
     Atari batch of 1024). The first transition of each env in a rollout holds the action that the previous
     iteration's model chose (and its log-probability), which envs come back together depends on thread
     timing (runs are not bit-reproducible), and episodes are cut at segment boundaries. For one seed only."""
+    env_backend: str = dataclasses.field(
+        default="envpool", metadata={"help": "the library that runs the envs (ppo_eqx's own)"}
+    )
+    """Which env backend makes the envs (one of ENV_BACKENDS; ``ppo_eqx.envs.backend``)."""
 
     @property
     def batch_size(self) -> int:
@@ -242,7 +252,7 @@ FIELD_RANGES: dict[str, FieldRange] = {
 }
 """The allowed values of each int and float field of PPOConfig; its declared type says which it is."""
 
-FIELD_CHOICES: dict[str, tuple[str, ...]] = {"conv_impl": CONV_IMPLS}
+FIELD_CHOICES: dict[str, tuple[str, ...]] = {"conv_impl": CONV_IMPLS, "env_backend": ENV_BACKENDS}
 """The allowed values of the str fields that take one of a few."""
 
 MAX_SHOWN = 60

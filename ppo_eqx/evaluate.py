@@ -48,7 +48,6 @@ def evaluate(
     greedy: bool = False,
     on_frame: Callable[[np.ndarray], None] | None = None,
     seed: int,
-    env_backend: str = "envpool",
     key: PRNGKeyArray,
 ) -> Evaluation:
     """Play ``episodes`` games of ``config.env_id`` with ``model``'s policy (sampled, or its argmax if ``greedy``).
@@ -62,7 +61,7 @@ def evaluate(
         raise ValueError(f"episodes={episodes} must be at least 1")
     num_envs = min(episodes, MAX_ENVS)
     quotas = episode_quotas(episodes, num_envs)
-    pool = backend(env_backend).make(config.env_id, eval_env_seeds(seed, num_envs), render=on_frame is not None)
+    pool = backend(config.env_backend).make(config.env_id, eval_env_seeds(seed, num_envs), render=on_frame is not None)
 
     @eqx.filter_jit
     def act(model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Any, EpisodeStats]:

@@ -24,17 +24,10 @@ from ._types import Batch, LossInfo
 from .checkpoint import Checkpoint
 from .collect import Collector
 from .config import ConfigError, PPOConfig
+from .iteration import Metrics, TrainState, episode_metrics, fresh_episodes, update_metrics, update_settings
 from .loss import normalize_advantages
 from .networks import ActorCritic
-from .train import (
-    EnvShare,
-    Metrics,
-    TrainState,
-    episode_metrics,
-    fresh_episodes,
-    update_metrics,
-    update_settings,
-)
+from .train import EnvShare
 from .update import minibatch_indices, minibatch_steps, params_loss
 
 
@@ -96,25 +89,59 @@ def sharded_update(
     (axis,) = mesh.axis_names
     num_shards = mesh.shape[axis]
     num_steps, num_envs = batch.actions.shape[:2]
-    batch_size = num_steps * num_envs
-    minibatch_size = batch_size // num_minibatches
+    minibatch_size = num_steps * num_envs // num_minibatches
     if minibatch_size % num_shards or num_envs % num_shards:
         raise ValueError(
             f"minibatch size {minibatch_size} or envs {num_envs} is not a multiple of the {num_shards} devices"
         )
-    shard_size = minibatch_size // num_shards
     params, static = eqx.partition(model, eqx.is_array)
-    indices = minibatch_indices(batch_size, num_minibatches=num_minibatches, update_epochs=update_epochs, key=key)
-    # Row t*N + i of the flat batch (env i = d*n + j of device d) is row d*T*n + t*n + j of the gathered one.
-    envs_per_shard = num_envs // num_shards
-    step, env = jnp.divmod(indices, num_envs)
-    shard, column = jnp.divmod(env, envs_per_shard)
-    indices = (shard * num_steps + step) * envs_per_shard + column
-
+    indices = minibatch_indices(
+        num_steps * num_envs, num_minibatches=num_minibatches, update_epochs=update_epochs, key=key
+    )
+    indices = _gathered_rows(indices, num_steps, num_envs, num_shards)
     # Advantages are standardised beforehand, with the whole minibatch's statistics (not the shard's).
     loss_fn = params_loss(
         static, clip_coef=clip_coef, vf_coef=vf_coef, ent_coef=ent_coef, norm_adv=False, clip_vloss=clip_vloss
     )
+    local_update = _local_update(
+        loss_fn, static, optimizer, axis=axis, shard_size=minibatch_size // num_shards, norm_adv=norm_adv, unroll=unroll
+    )
+    replicated = PartitionSpec()
+    params, opt_state, infos = jax.shard_map(
+        local_update,
+        mesh=mesh,
+        in_specs=(replicated, replicated, PartitionSpec(None, axis), replicated),
+        out_specs=(replicated, replicated, replicated),
+        # The gradients are averaged explicitly (mean_over_devices): no implicit reduction of the replicated
+        # parameters' cotangents; the results are the same on every device, as out_specs say.
+        check_vma=False,
+    )(params, opt_state, batch, indices)
+    return eqx.combine(params, static), opt_state, infos
+
+
+def _gathered_rows(indices: Int[Array, "EM mb"], num_steps: int, num_envs: int, num_shards: int) -> Int[Array, "EM mb"]:
+    """Rows of the flat ``[T*N]`` batch as rows of the batch that ``all_gather`` puts together from the shards.
+
+    Row ``t*N + i`` of the flat batch (env ``i = d*n + j`` of device d) is row ``d*T*n + t*n + j`` of the gathered one.
+    """
+    envs_per_shard = num_envs // num_shards
+    step, env = jnp.divmod(indices, num_envs)
+    shard, column = jnp.divmod(env, envs_per_shard)
+    return (shard * num_steps + step) * envs_per_shard + column
+
+
+def _local_update(
+    loss_fn: Any,
+    static: Any,
+    optimizer: optax.GradientTransformation,
+    *,
+    axis: str,
+    shard_size: int,
+    norm_adv: bool,
+    unroll: int,
+) -> Any:
+    """What each device runs under ``shard_map``: gather the batch, standardise each minibatch's advantages,
+    then the minibatch steps on this device's rows, the gradients averaged over the devices."""
 
     def mean_over_devices(grads: PyTree) -> PyTree:
         flat, unflatten = ravel_pytree(grads)
@@ -146,17 +173,7 @@ def sharded_update(
         stacked = jnp.stack(infos)  # the devices' shard means -> the minibatch means, in one all-reduce
         return params, opt_state, LossInfo(*jax.lax.pmean(stacked, axis))
 
-    replicated = PartitionSpec()
-    params, opt_state, infos = jax.shard_map(
-        local_update,
-        mesh=mesh,
-        in_specs=(replicated, replicated, PartitionSpec(None, axis), replicated),
-        out_specs=(replicated, replicated, replicated),
-        # The gradients are averaged explicitly (mean_over_devices): no implicit reduction of the replicated
-        # parameters' cotangents; the results are the same on every device, as out_specs say.
-        check_vma=False,
-    )(params, opt_state, batch, indices)
-    return eqx.combine(params, static), opt_state, infos
+    return local_update
 
 
 def local(tree: PyTree) -> PyTree:

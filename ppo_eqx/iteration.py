@@ -1,0 +1,141 @@
+"""The one PPO iteration as a pure function: collect a batch, update the model (``make_iteration``), with the
+state it threads (``TrainState``) and the metrics it reports; ``vmap``-ed over agents for ``num_seeds`` S > 1.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+from jaxtyping import Array, Float, Int, PyTree
+
+from ._types import EpisodeStats, LossInfo
+from .checkpoint import AgentKeys
+from .collect import Carry, Collector
+from .config import PPOConfig
+from .networks import ActorCritic
+from .update import current_learning_rate, update
+
+Metrics = dict[str, Float[Array, "*S"]]
+"""Scalars of one iteration; with `num_seeds` S > 1, one per agent."""
+
+
+class TrainState(eqx.Module):
+    """Everything one iteration reads and writes. ``iteration`` counts finished iterations."""
+
+    model: ActorCritic
+    opt_state: PyTree
+    carry: Carry
+    key: AgentKeys
+    iteration: Int[Array, ""]
+
+
+def fresh_episodes(stats: EpisodeStats) -> EpisodeStats:
+    """Statistics for new envs: no running episode, the last finished ones kept."""
+    return stats._replace(
+        episode_returns=jnp.zeros_like(stats.episode_returns),
+        episode_lengths=jnp.zeros_like(stats.episode_lengths),
+    )
+
+
+def update_settings(config: PPOConfig) -> dict[str, Any]:
+    """The keyword arguments of ``update`` (and ``parallel.sharded_update``) that ``config`` sets."""
+    return {
+        "num_minibatches": config.num_minibatches,
+        "update_epochs": config.update_epochs,
+        "clip_coef": config.clip_coef,
+        "vf_coef": config.vf_coef,
+        "ent_coef": config.ent_coef,
+        "norm_adv": config.norm_adv,
+        "clip_vloss": config.clip_vloss,
+        "unroll": config.minibatch_unroll,
+    }
+
+
+def episode_metrics(stats: EpisodeStats) -> Metrics:
+    """CleanRL's ``episodic_return`` and ``episodic_length``: the mean over envs of each env's last finished
+    episode (NaN until one has finished)."""
+    finished = jnp.any(jnp.isfinite(stats.returned_episode_returns))
+    return {
+        "episodic_return": jnp.where(finished, jnp.nanmean(stats.returned_episode_returns), jnp.nan),
+        "episodic_length": jnp.where(finished, jnp.nanmean(stats.returned_episode_lengths), jnp.nan),
+    }
+
+
+def update_metrics(opt_state: PyTree, infos: LossInfo) -> Metrics:
+    """The learning rate after the update, the last minibatch step's losses, the mean clip fraction."""
+    return {
+        "learning_rate": current_learning_rate(opt_state),
+        "loss": infos.loss[-1],
+        "policy_loss": infos.policy_loss[-1],
+        "value_loss": infos.value_loss[-1],
+        "entropy": infos.entropy[-1],
+        "approx_kl": infos.approx_kl[-1],
+        "clip_fraction": infos.clip_fraction.mean(),
+    }
+
+
+def make_iteration(
+    config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation
+) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
+    """The pure PPO iteration: ``collector.collect`` (``num_steps`` env steps and GAE), then ``update_epochs``
+    epochs of minibatch steps.
+
+    Metrics follow CleanRL: the losses are those of the last minibatch step, ``clip_fraction`` is the mean
+    over all steps, ``episodic_return``/``episodic_length`` the mean over envs of each env's last finished
+    episode (NaN until one has finished).
+
+    With ``config.num_seeds`` S > 1 the collector is one agent's (``sync_collector(num_agents=S)``) and the
+    iteration is that agent's ``vmap``-ed over S: the state's arrays carry a leading ``S`` axis except the env
+    handle and the iteration counter, which are shared, and every metric is ``[S]``.
+    """
+
+    def iteration(state: TrainState) -> tuple[TrainState, Metrics]:
+        key, rollout_key, update_key = jax.random.split(state.key, 3)
+        carry, batch = collector.collect(state.model, state.carry, rollout_key)
+        flat = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), batch)
+        model, opt_state, infos = update(
+            state.model, state.opt_state, flat, optimizer=optimizer, **update_settings(config), key=update_key
+        )
+        metrics = {**episode_metrics(carry.stats), **update_metrics(opt_state, infos)}
+        return TrainState(model, opt_state, carry, key, state.iteration + 1), metrics
+
+    return iteration if config.num_seeds == 1 else over_agents(iteration)
+
+
+def agent_axes(state: TrainState) -> TrainState:
+    """``vmap`` axes of a state stacked over agents: 0 for every array but the shared env handle and counter."""
+    axes = jax.tree.map(lambda x: 0 if eqx.is_array(x) else None, state)
+    return eqx.tree_at(lambda s: (s.carry.handle, s.iteration), axes, (None, None), is_leaf=lambda x: x is None)
+
+
+def over_agents(
+    iteration: Callable[[TrainState], tuple[TrainState, Metrics]],
+) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
+    """One agent's iteration ``vmap``-ed over the leading ``S`` axis of a stacked state (``agent_axes``)."""
+
+    def agents(state: TrainState) -> tuple[TrainState, Metrics]:
+        axes = agent_axes(state)
+        return eqx.filter_vmap(iteration, in_axes=(axes,), out_axes=(axes, 0))(state)
+
+    return agents
+
+
+def make_prime(config: PPOConfig, collector: Collector) -> Callable[[TrainState], TrainState]:
+    """``collector.prime`` of a fresh pool (the state's carry from ``collector.carry``) with the state's model;
+    with ``num_seeds`` S > 1, each agent's (``vmap``-ed as the iteration is)."""
+
+    def prime(state: TrainState) -> TrainState:
+        carry, key = collector.prime(state.model, state.carry, state.key)
+        return TrainState(state.model, state.opt_state, carry, key, state.iteration)
+
+    if config.num_seeds == 1:
+        return prime
+
+    def agents(state: TrainState) -> TrainState:
+        axes = agent_axes(state)
+        return eqx.filter_vmap(prime, in_axes=(axes,), out_axes=axes)(state)
+
+    return agents
