@@ -12,7 +12,7 @@ class ConfigError(ValueError):
 
 ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
-ENV_BACKENDS = ("envpool",)
+ENV_BACKENDS = ("envpool", "ale")
 """The env backends a config may name (``ppo_eqx.envs.BACKENDS`` maps each to its module)."""
 
 INT32_MAX = 2**31 - 1

@@ -27,7 +27,7 @@ EnvRecv = Callable[[Any], tuple[Any, Int[Array, " R"], EnvOutput]]
 EnvSend = Callable[[Any, Int[Array, " R"], Int[Array, " R"]], Any]
 """``send(handle, env_ids, actions) -> handle``: start a step of each of the envs ``env_ids``."""
 
-BACKENDS = {"envpool": "ppo_eqx.envs.envpool"}
+BACKENDS = {"envpool": "ppo_eqx.envs.envpool", "ale": "ppo_eqx.envs.ale"}
 """Backend name -> the module that implements it (its ``BACKEND``)."""
 
 
