@@ -173,18 +173,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return eval_command(args)
     except (UsageError, ConfigError, RunDirError) as error:
-        print(f"ppo-eqx: error: {error}", file=sys.stderr)
+        _error(error)
         return 2
     except FloatingPointError as error:
-        print(f"ppo-eqx: error: {error}; stopping", file=sys.stderr)
+        _error(f"{error}; stopping")
         return 1
     except RunError as error:
-        print(f"ppo-eqx: error: {error}", file=sys.stderr)
+        _error(error)
         return 1
     except OSError as error:
         where = f"{error.filename}: " if error.filename else ""
-        print(f"ppo-eqx: error: {where}{error.strerror or error}", file=sys.stderr)
+        _error(f"{where}{error.strerror or error}")
         return 1
+
+
+MAX_WORD = 200
+"""Characters of one word that an error line shows: a 5000-character value given on the command line is cut."""
+
+
+def _error(message: object) -> None:
+    """``message`` as one ``ppo-eqx: error:`` line on stderr, each word longer than ``MAX_WORD`` cut short."""
+    words = (word if len(word) <= MAX_WORD else f"{word[: MAX_WORD - 3]}..." for word in str(message).split())
+    print("ppo-eqx: error:", *words, file=sys.stderr)
 
 
 def entry_point() -> None:

@@ -20,6 +20,9 @@ from .update import current_learning_rate, update
 
 Metrics = dict[str, Float[Array, "*S"]]
 """Scalars of one iteration; with `num_seeds` S > 1, one per agent."""
+FINITE = "finite"
+"""The metric that a Trainer's compiled iteration adds: whether the model and optimizer state are free of NaN and
+inf after it (read by the host loop with the other metrics, not logged)."""
 
 
 class TrainState(eqx.Module):

@@ -21,10 +21,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree, Shaped
 
 from ._types import Batch, LossInfo
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, all_finite
 from .collect import Collector
 from .config import ConfigError, PPOConfig
-from .iteration import Metrics, TrainState, episode_metrics, fresh_episodes, update_metrics, update_settings
+from .iteration import FINITE, Metrics, TrainState, episode_metrics, fresh_episodes, update_metrics, update_settings
 from .loss import normalize_advantages
 from .networks import ActorCritic
 from .train import EnvShare
@@ -265,7 +265,8 @@ class MeshPlacement:
                 **update_settings(config),
                 key=key,
             )
-            return eqx.filter(model, eqx.is_array), opt_state, update_metrics(opt_state, infos)
+            params = eqx.filter(model, eqx.is_array)
+            return params, opt_state, {**update_metrics(opt_state, infos), FINITE: all_finite((params, opt_state))}
 
         return learn
 

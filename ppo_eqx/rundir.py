@@ -176,6 +176,11 @@ def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
     check_path("--run-dir", run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--run-dir {run_dir} is a file, not a directory")
+    # A run among another run's own files (its checkpoints/) would go with them when that run is overwritten.
+    for parent in run_dir.resolve().parents:
+        own = run_file(run_dir, parent) if holds_run(parent) else None
+        if own is not None:
+            raise RunDirError(f"--run-dir {run_dir} lies in the {own} of the run in {parent}; allowed: a new directory")
     if holds_run(run_dir) and not overwrite:
         raise RunDirError(
             f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it "

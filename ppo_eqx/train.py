@@ -2,7 +2,7 @@
 
 A ``Trainer`` composes three parts, each behind a small interface: an env backend (``envs.EnvBackend``) makes
 the pools; a collector (``collect.sync_collector`` or ``collect.async_collector``) turns a pool into batches;
-a placement runs the iteration (``OneDevice`` here: one jitted program; ``parallel.Mesh``: the update sharded
+a placement runs the iteration (``OneDevice`` here: one jitted program; ``parallel.MeshPlacement``: the update sharded
 over devices and hosts).
 
 The envs of a run live in segments of ``config.checkpoint_every`` iterations: each segment's envs are made
@@ -18,7 +18,7 @@ seed ``seed + s``. Agent s computes what that run computes, up to the order in w
 import concurrent.futures
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import equinox as eqx
@@ -31,7 +31,7 @@ from .checkpoint import Checkpoint, all_finite, init_checkpoint
 from .collect import Collector, async_collector, sync_collector
 from .config import PPOConfig
 from .envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend, segment_env_seeds
-from .iteration import Metrics, TrainState, fresh_episodes, make_iteration, make_prime
+from .iteration import FINITE, Metrics, TrainState, fresh_episodes, make_iteration, make_prime
 from .update import make_optimizer
 
 
@@ -70,11 +70,23 @@ class Placement(Protocol):
     def checkpoint(self, state: TrainState) -> Checkpoint: ...
 
 
+def _checked(
+    unchecked: Callable[[TrainState], tuple[TrainState, Metrics]],
+) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
+    """``unchecked`` with the ``FINITE`` metric added, so that the host learns it with the others, not after."""
+
+    def iteration(state: TrainState) -> tuple[TrainState, Metrics]:
+        state, metrics = unchecked(state)
+        return state, {**metrics, FINITE: all_finite((state.model, state.opt_state))}
+
+    return iteration
+
+
 class _Jitted:
     """The iteration and the priming of one segment, each one ``eqx.filter_jit`` traced at most once."""
 
     def __init__(self, config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation):
-        iteration = eqx.debug.assert_max_traces(make_iteration(config, collector, optimizer), max_traces=1)
+        iteration = eqx.debug.assert_max_traces(_checked(make_iteration(config, collector, optimizer)), max_traces=1)
         prime = eqx.debug.assert_max_traces(make_prime(config, collector), max_traces=1)
         self._iteration = eqx.filter_jit(iteration, donate="all")
         self._prime = eqx.filter_jit(prime, donate="all")
@@ -150,8 +162,8 @@ class Trainer:
 
     ``restore`` continues from a checkpoint: its model, optimizer state, key, iteration and finished-episode
     statistics, with the envs of the segment that starts at its iteration. ``placement`` says where the
-    iteration runs (default ``OneDevice()``; ``parallel.Mesh`` for devices and hosts); ``env_backend`` makes the
-    envs (default EnvPool). Call ``close()`` when done.
+    iteration runs (default ``OneDevice()``; ``parallel.MeshPlacement`` for devices and hosts); ``env_backend``
+    makes the envs (default: ``config.env_backend``'s). Call ``close()`` when done.
     """
 
     def __init__(
@@ -277,29 +289,41 @@ def agent_records(config: PPOConfig, iteration: int, metrics: dict[str, Any], se
     return records
 
 
-def run_seeds(trainer: Trainer, *, num_iterations: int | None = None) -> Iterator[list[dict[str, float]]]:
+def run_seeds(
+    trainer: Trainer, *, num_iterations: int | None = None, pause: Callable[[int], bool] | None = None
+) -> Iterator[list[dict[str, float]]]:
     """``run`` for ``num_seeds`` agents: one record per agent and iteration, each as a single-seed run's.
 
     An agent's ``global_step`` and ``sps`` count its own ``num_envs * num_steps`` steps per iteration.
+
+    The loop never waits for the device between iterations: iteration k+1 is dispatched before k's metrics
+    are read, unless ``pause(k)`` is True (the caller will read the state after k: a checkpoint), in which case
+    ``trainer.state`` is that of iteration k when k's records are yielded. Otherwise it may be one ahead
+    (``trainer.iteration``): keep iterating to receive that iteration's records.
     """
-    config = trainer.config
+    config, pause = trainer.config, pause or (lambda iteration: False)
     start = last = time.perf_counter()
     total = config.num_iterations if num_iterations is None else num_iterations
-    while trainer.iteration < total:
-        metrics = jax.device_get(trainer.step())
+    pending = trainer.step() if trainer.iteration < total else None
+    while pending is not None:
+        iteration = trainer.iteration
+        ahead = trainer.step() if iteration < total and not pause(iteration) else None
+        metrics = jax.device_get(pending)
+        finite = np.asarray(metrics.pop(FINITE)).all()
         now = time.perf_counter()
-        records = agent_records(config, trainer.iteration, metrics, now - last)
+        records = agent_records(config, iteration, metrics, now - last)
         for record in records:
             record["time_elapsed"] = now - start
         last = now
-        for agent, record in enumerate(records):
-            if not math.isfinite(record["loss"]):
-                which = f" of seed {config.seed + agent}" if config.num_seeds > 1 else ""
-                raise NonFiniteError(
-                    f"the loss{which} is {record['loss']} at iteration {trainer.iteration}", record, records
-                )
-        if not trainer.finite():
-            raise NonFiniteError(
-                f"the parameters are not finite after iteration {trainer.iteration}", records[0], records
-            )
+        _check_finite(config, iteration, records, bool(finite))
         yield records
+        pending = ahead if ahead is not None else trainer.step() if trainer.iteration < total else None
+
+
+def _check_finite(config: PPOConfig, iteration: int, records: list[dict[str, Any]], finite: bool) -> None:
+    for agent, record in enumerate(records):
+        if not math.isfinite(record["loss"]):
+            which = f" of seed {config.seed + agent}" if config.num_seeds > 1 else ""
+            raise NonFiniteError(f"the loss{which} is {record['loss']} at iteration {iteration}", record, records)
+    if not finite:
+        raise NonFiniteError(f"the parameters are not finite after iteration {iteration}", records[0], records)

@@ -166,7 +166,7 @@ class TrainingRun:
             mininterval=1.0,
         )
         try:
-            for records in run_seeds(self.trainer):
+            for records in run_seeds(self.trainer, pause=self._pause):
                 for record in records:
                     record["time_elapsed"] = time.perf_counter() - start + self.time_offset
                 self._write(records)
@@ -224,12 +224,22 @@ class TrainingRun:
                 flush=True,
             )
 
-    def _checkpoint_now(self, iteration: int) -> bool:
-        """Save at segment boundaries, at the end and on a stop request; True when the loop should stop."""
-        config = self.config
-        boundary = iteration % config.checkpoint_every == 0 or iteration == config.num_iterations
+    def _boundary(self, iteration: int) -> bool:
+        return iteration % self.config.checkpoint_every == 0 or iteration == self.config.num_iterations
+
+    def _pause(self, iteration: int) -> bool:
+        """Whether the loop must leave the state of ``iteration`` in place (not dispatch the next one): a
+        checkpoint follows it. With several processes the stop request is agreed on here, by all of them."""
         if self.mesh is not None and any_process(self.stop.signal is not None):  # all processes stop together
             self.stop.signal = self.stop.signal or "stop"
+        return self._boundary(iteration) or self.stop.signal is not None
+
+    def _checkpoint_now(self, iteration: int) -> bool:
+        """Save at segment boundaries, at the end and on a stop request; True when the loop should stop. A stop
+        requested while the next iteration was under way waits for that one's records."""
+        if self.trainer.iteration != iteration:
+            return False
+        boundary = self._boundary(iteration)
         if boundary or self.stop.signal:
             self._save(iteration, "periodic" if boundary else self.stop.signal or "stop")
         return self.stop.signal is not None
