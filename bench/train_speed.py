@@ -79,6 +79,12 @@ def main() -> None:
             f"# iteration {record['iteration']}: {record['sps']:.0f} steps/s, peak RSS {peak_rss_mib():.0f} MiB",
             flush=True,
         )
+    # The bare jitted iteration beside it: as many iterations dispatched back to back, read once at the end.
+    bare_start = time.perf_counter()
+    for _ in range(args.iterations):
+        trainer.step()
+    jax.block_until_ready(trainer.state)
+    bare_sps = config.batch_size * args.iterations / (time.perf_counter() - bare_start)
     trainer.close()
     timed_records = records[args.warmup :]
     step_times = [config.batch_size / r["sps"] for r in timed_records]
@@ -108,6 +114,8 @@ def main() -> None:
             "async_batch_size": config.async_batch_size,
             "num_steps": config.num_steps,
             "loop_sps": loop_sps,
+            "bare_iteration_sps": bare_sps,
+            "loop_over_bare": loop_sps / bare_sps,
             "cpu_s_per_1k_steps": cpu_s_per_1k_steps,
             "median_sps": statistics.median(r["sps"] for r in timed_records),
             "env_only_sps": env_sps,

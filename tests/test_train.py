@@ -48,6 +48,7 @@ def test_the_iteration_is_pure_and_runs_on_a_fake_env():
     assert 2.0 <= float(first.carry.stats.returned_episode_returns[0]) <= 6.0
 
 
+@pytest.mark.envpool
 def test_the_jitted_iteration_compiles_once(caplog):
     trainer = Trainer(CARTPOLE)
     # assert_max_traces(1) inside the Trainer raises on a second trace; XLA's compile log must agree.
@@ -63,6 +64,7 @@ def test_the_jitted_iteration_compiles_once(caplog):
     assert records[-1]["learning_rate"] == pytest.approx(2.5e-4 * 0.25)
 
 
+@pytest.mark.envpool
 def test_same_seed_same_metrics():
     def metrics(seed):
         return [
