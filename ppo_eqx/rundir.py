@@ -155,6 +155,14 @@ def run_file(path: Path, run_dir: Path) -> str | None:
     return None if name == EVAL else name if own else None
 
 
+def _check_not_in_a_run(flag: str, path: Path) -> None:
+    """RunDirError if ``path`` is, or lies in, one of the own files of a run in a directory above it."""
+    for parent in path.resolve().parents:
+        own = run_file(path, parent) if holds_run(parent) else None
+        if own is not None:
+            raise RunDirError(f"{flag} {path} is in the {own} of the run in {parent}; allowed: a path of its own")
+
+
 def check_output(flag: str, path: Path, run_dir: Path) -> None:
     """RunDirError unless ``path`` can be written by ``ppo-eqx eval``: a writable place that is not a
     directory and not one of the run's own files (``eval.json`` is eval's own)."""
@@ -164,6 +172,7 @@ def check_output(flag: str, path: Path, run_dir: Path) -> None:
     own = run_file(path, run_dir)
     if own is not None:
         raise RunDirError(f"{flag} {path} is the run's own {own}; allowed: another file")
+    _check_not_in_a_run(flag, path)
     parent = path.parent
     if not parent.is_dir():
         raise RunDirError(f"{flag} {path}: no directory {parent}")
@@ -177,10 +186,7 @@ def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--run-dir {run_dir} is a file, not a directory")
     # A run among another run's own files (its checkpoints/) would go with them when that run is overwritten.
-    for parent in run_dir.resolve().parents:
-        own = run_file(run_dir, parent) if holds_run(parent) else None
-        if own is not None:
-            raise RunDirError(f"--run-dir {run_dir} lies in the {own} of the run in {parent}; allowed: a new directory")
+    _check_not_in_a_run("--run-dir", run_dir)
     if holds_run(run_dir) and not overwrite:
         raise RunDirError(
             f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it "

@@ -23,6 +23,8 @@ TENSORBOARD_TAGS = {
     "approx_kl": "losses/approx_kl",
     "clip_fraction": "losses/clipfrac",
 }
+TENSORBOARD_QUEUE = 1000
+"""Events that TensorBoard's writer thread may have pending before add_scalar blocks."""
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -59,7 +61,10 @@ class RunWriter:
             from tensorboardX import SummaryWriter
 
             purge_step = None if resume_step is None else resume_step + config.batch_size
-            self._tensorboard = SummaryWriter(str(run_dir), purge_step=purge_step)
+            # tensorboardX writes from a thread, which a full disk ends; its queue (10 events by default) then
+            # fills, and add_scalar blocks the loop forever before the loop sees the thread's error. A queue of
+            # TENSORBOARD_QUEUE events takes about 90 iterations after the thread has died.
+            self._tensorboard = SummaryWriter(str(run_dir), purge_step=purge_step, max_queue=TENSORBOARD_QUEUE)
             if resume_step is None:
                 table = "\n".join(f"|{key}|{value}|" for key, value in config.to_dict().items())
                 self._tensorboard.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
