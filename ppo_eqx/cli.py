@@ -141,6 +141,10 @@ def _add_eval_command(commands: Any) -> None:
     )
     evaluate.add_argument("--video", type=_path, default=None, help="write the first episode as .mp4 or .gif")
     evaluate.add_argument(
+        "--env-backend", choices=FIELD_CHOICES["env_backend"], default=None,
+        help="play on this env backend (default: the one the agent was trained on)",
+    )  # fmt: skip
+    evaluate.add_argument(
         "--output", type=_path, default=None, help="where to write the results (default: RUN_DIR/eval.json)"
     )
 

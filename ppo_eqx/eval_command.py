@@ -25,6 +25,8 @@ def eval_command(args: argparse.Namespace) -> int:
         _check_video(args.video, run_dir, output)
     metadata = read_metadata(path)
     config = config_of(path, metadata)
+    if args.env_backend is not None:
+        config = config.replace(env_backend=args.env_backend)
     if config.num_seeds > 1:
         raise UsageError(f"{path} holds the {config.num_seeds} agents of a --num-seeds run; eval takes one agent's")
     spec = backend(config.env_backend).spec(config.env_id)

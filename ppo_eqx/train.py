@@ -156,9 +156,10 @@ class Trainer:
 
     ``step()`` runs one iteration. After every ``config.checkpoint_every``-th iteration (but the last) the envs
     are replaced by new ones seeded from (seed, iteration) and reset; the running episodes are dropped from the
-    statistics. EnvPool's XLA call is bound to one pool, so each segment of envs has its own compiled
-    iteration; the next one is made and compiled in a background thread while the current segment runs. Each
-    is traced once: a retrace (a changed shape or dtype in the state) raises instead of silently recompiling.
+    statistics. The next segment's envs are made in a background thread while the current segment runs. Where
+    the backend ``rebinds`` (ALE), the compiled iteration drives them; EnvPool's XLA call is bound to one pool,
+    so there each segment has its own compiled iteration, compiled in that thread too. Each is traced once: a
+    retrace (a changed shape or dtype in the state) raises instead of silently recompiling.
 
     ``restore`` continues from a checkpoint: its model, optimizer state, key, iteration and finished-episode
     statistics, with the envs of the segment that starts at its iteration. ``placement`` says where the
@@ -189,15 +190,18 @@ class Trainer:
         self._next: concurrent.futures.Future[_Segment] | None = None
         self._prepare_after(self.iteration)
 
-    def _make_segment(self, start: int) -> _Segment:
+    def _make_segment(self, start: int, program: Program | None = None) -> _Segment:
         share = self.placement.share
         seeds = pool_env_seeds(self.config, start)
         if share.count is not None:
             seeds = seeds[share.first : share.first + share.count]
         pool, collector = make_collector(self.backend, self.config, seeds, share)
-        return _Segment(start, pool, collector, self.placement.program(self.config, collector, self.optimizer))
+        program = program or self.placement.program(self.config, collector, self.optimizer)
+        return _Segment(start, pool, collector, program)
 
     def _make_compiled_segment(self, start: int) -> _Segment:
+        if self.backend.rebinds:  # the program compiled for the first pool drives the new one: no compile
+            return self._make_segment(start, self._segment.program)
         segment = self._make_segment(start)
         segment.program.compile(self._example)
         return segment

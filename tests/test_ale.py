@@ -162,6 +162,34 @@ def test_a_program_traced_with_one_pool_drives_another_without_recompiling():
     second.close()
 
 
+def test_a_trainer_on_ale_compiles_one_iteration_for_every_segment(caplog):
+    import logging
+
+    from ppo_eqx import PPOConfig, Trainer
+    from ppo_eqx.train import run
+
+    config = PPOConfig(
+        env_id="Pong-v5",
+        env_backend="ale",
+        num_envs=2,
+        num_steps=16,
+        num_minibatches=2,
+        update_epochs=1,
+        total_timesteps=6 * 32,
+        checkpoint_every=2,
+        conv_impl="matmul",
+    )
+    trainer = Trainer(config)
+    try:
+        with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+            records = list(run(trainer))
+    finally:
+        trainer.close()
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5, 6]  # three segments of envs
+    compiles = [r for r in caplog.records if "Finished XLA compilation of jit(iteration)" in r.getMessage()]
+    assert len(compiles) == 1
+
+
 @pytest.mark.subprocess
 def test_the_ale_backend_trains_where_envpool_is_not_installed(tmp_path):
     code = (

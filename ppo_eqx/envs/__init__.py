@@ -4,7 +4,7 @@ A backend (``EnvBackend``) knows the spec of an env id and makes pools of N envs
 steps all of them at once through a pure, jittable ``step(handle, actions) -> (handle, EnvOutput)``; an
 ``AsyncPool`` (where the backend has one) receives and sends R of them at a time. Each backend lives in a
 module of its own, the only one that imports its library; ``backend(name)`` imports it on first use.
-``envpool`` is the first (``ppo_eqx.envs.envpool``).
+``envpool`` (``ppo_eqx.envs.envpool``, the default) and ``ale`` (``ppo_eqx.envs.ale``, ALE's own vector env).
 """
 
 import importlib
@@ -27,8 +27,20 @@ EnvRecv = Callable[[Any], tuple[Any, Int[Array, " R"], EnvOutput]]
 EnvSend = Callable[[Any, Int[Array, " R"], Int[Array, " R"]], Any]
 """``send(handle, env_ids, actions) -> handle``: start a step of each of the envs ``env_ids``."""
 
-BACKENDS = {"envpool": "ppo_eqx.envs.envpool", "ale": "ppo_eqx.envs.ale"}
-"""Backend name -> the module that implements it (its ``BACKEND``)."""
+
+class _Module(NamedTuple):
+    module: str
+    """The module that implements the backend (its ``BACKEND``)."""
+    libraries: tuple[str, ...]
+    """What it imports that may not be installed."""
+    install: str
+
+
+BACKENDS = {
+    "envpool": _Module("ppo_eqx.envs.envpool", ("envpool",), "pip install envpool"),
+    "ale": _Module("ppo_eqx.envs.ale", ("ale_py", "chex", "gymnasium"), "pip install 'ppo_eqx[ale]'"),
+}
+"""Backend name -> where it lives and what it needs."""
 
 
 class EnvSpec(NamedTuple):
@@ -102,12 +114,14 @@ def backend(name: str) -> EnvBackend:
     """The backend called ``name`` (its module imported now); ConfigError for an unknown or missing one."""
     if name not in BACKENDS:
         raise ConfigError(f"env backend {name!r} is unknown; allowed: {', '.join(sorted(BACKENDS))}")
+    where = BACKENDS[name]
     try:
-        module = importlib.import_module(BACKENDS[name])
+        module = importlib.import_module(where.module)
     except ModuleNotFoundError as error:
-        if error.name != name:  # the backend's library itself is missing, not something else
+        missing = (error.name or "").split(".")[0]
+        if missing not in where.libraries:  # a library of the backend is missing, not something else
             raise
-        raise ConfigError(f"env backend {name!r} is not installed; pip install {name}") from None
+        raise ConfigError(f"env backend {name!r} is not installed (no module {missing!r}); {where.install}") from None
     return module.BACKEND
 
 

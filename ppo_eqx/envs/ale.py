@@ -21,24 +21,16 @@ import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import ale_py.roms
+import chex  # noqa: F401  (AtariVectorEnv.xla() imports it; a missing one is reported by envs.backend)
 import jax.numpy as jnp
 import numpy as np
+from ale_py.vector_env import AtariVectorEnv
 from jaxtyping import Array, Bool, Int, UInt8
 
 from .._types import EnvOutput
 from ..config import ConfigError
 from . import AsyncPool, EnvSpec, Pool
-
-try:
-    import ale_py.roms
-    import chex  # noqa: F401  (AtariVectorEnv.xla() imports it)
-    from ale_py.vector_env import AtariVectorEnv
-except ModuleNotFoundError as error:
-    if error.name not in ("ale_py", "chex", "gymnasium"):
-        raise
-    raise ConfigError(
-        f"env backend 'ale' is not installed (no module {error.name!r}); pip install 'ppo_eqx[ale]'"
-    ) from None
 
 SETTINGS: dict[str, Any] = {
     "max_num_frames_per_episode": 108_000,  # EnvPool's max_episode_steps=27000 steps of 4 frames
