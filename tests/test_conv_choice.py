@@ -16,6 +16,7 @@ def _fake_backend(monkeypatch: pytest.MonkeyPatch, backend: str, *, kernel_build
     monkeypatch.setattr(cpu_kernel, "available", lambda: kernel_builds)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("backend", ["gpu", "cuda", "rocm", "tpu"])
 def test_auto_is_xla_off_the_cpu(monkeypatch, backend):
     def not_consulted() -> bool:

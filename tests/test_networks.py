@@ -14,6 +14,7 @@ from .conv_reference import ATARI_SHAPE, needs_compiler, numpy_conv
 pytestmark = pytest.mark.unit
 
 
+@pytest.mark.compile
 @settings(max_examples=12)  # NumPy's loops over 20 x 20 outputs are slow; 6 layer shapes
 @given(st.sampled_from([(8, 4, 84), (8, 4, 30), (4, 2, 20), (4, 2, 11), (3, 1, 9), (2, 2, 7)]), st.integers(0, 99))
 def test_conv_matmul_and_xla_match_numpy(layer, seed):
@@ -44,7 +45,13 @@ def _batch(model: ActorCritic, obs_shape, num_actions: int, size: int, seed: int
     )
 
 
-@pytest.mark.parametrize("impl", ["matmul", pytest.param("kernel", marks=[pytest.mark.subprocess, needs_compiler])])
+@pytest.mark.parametrize(
+    "impl",
+    [
+        pytest.param("matmul", marks=pytest.mark.compile),
+        pytest.param("kernel", marks=[pytest.mark.subprocess, needs_compiler]),
+    ],
+)
 def test_faster_convolutions_give_the_same_losses_and_gradients_as_xla(impl):
     model = ActorCritic(ATARI_SHAPE, 6, conv_impl=impl, key=jax.random.PRNGKey(3))
     assert model.conv_impl == impl
@@ -61,6 +68,7 @@ def test_faster_convolutions_give_the_same_losses_and_gradients_as_xla(impl):
         assert float(jnp.abs(got - want).max()) <= 1e-4 * scale
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize(("obs_shape", "num_actions", "dtype"), [(ATARI_SHAPE, 4, jnp.uint8), ((4,), 2, jnp.float32)])
 def test_output_shapes_and_dtypes(obs_shape, num_actions, dtype):
     model = ActorCritic(obs_shape, num_actions, conv_impl="xla", key=jax.random.PRNGKey(0))
@@ -72,6 +80,7 @@ def test_output_shapes_and_dtypes(obs_shape, num_actions, dtype):
     assert logprob.shape == entropy.shape == value.shape == (3,)
 
 
+@pytest.mark.compile
 def test_cleanrl_initialisation():
     model = ActorCritic(ATARI_SHAPE, 4, conv_impl="xla", key=jax.random.PRNGKey(0))  # "auto" may build the kernel
     assert model.torso is not None
@@ -85,6 +94,7 @@ def test_cleanrl_initialisation():
     assert model.torso.dense.weight.shape == (3136, 512)
 
 
+@pytest.mark.compile
 def test_frames_are_scaled_by_1_over_255():
     model = ActorCritic(ATARI_SHAPE, 4, conv_impl="xla", key=jax.random.PRNGKey(0))
     frames = jnp.full((1, *ATARI_SHAPE), 255, jnp.uint8)

@@ -45,6 +45,7 @@ def assert_same_update(results: Any, case: str) -> None:
         )
 
 
+@pytest.mark.compile
 def test_one_device_mesh_gives_the_plain_update():
     model = ActorCritic((4,), 2, key=jax.random.PRNGKey(0))
     optimizer = make_optimizer(PPOConfig(num_minibatches=2, update_epochs=2))

@@ -102,6 +102,7 @@ def each_envs_transitions(transitions, env):
     return np.nonzero(np.asarray(transitions.env_ids) == env)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize(("num_envs", "batch_size", "num_steps", "lives"), [(4, 2, 16, 1), (6, 2, 20, 3), (6, 3, 9, 1)])
 def test_async_rollout_against_a_fake_pool(num_envs, batch_size, num_steps, lives):
     handle, env = counting_async_env(num_envs, batch_size, lives)

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.unit
 CARTPOLE = PPOConfig(env_id="CartPole-v1", total_timesteps=4 * 512, num_envs=4, clip_coef=0.2)
 
 
+@pytest.mark.compile
 def test_the_iteration_is_pure_and_runs_on_a_fake_env():
     config = PPOConfig(
         env_id="fake", total_timesteps=5 * 64, num_envs=2, num_steps=32, num_minibatches=2, update_epochs=2
@@ -77,6 +78,7 @@ def test_same_seed_same_metrics():
     assert first != metrics(4)
 
 
+@pytest.mark.compile
 def test_the_async_iteration_is_pure_and_runs_on_a_fake_pool():
     config = PPOConfig(
         env_id="fake",

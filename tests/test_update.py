@@ -45,6 +45,7 @@ def test_learning_rate_anneals_linearly_per_iteration():
     assert float(jnp.asarray(constant(40))) == pytest.approx(2.5e-4)
 
 
+@pytest.mark.compile
 def test_one_full_batch_step_equals_a_hand_written_adam_step():
     config = PPOConfig(
         env_id="CartPole-v1",
@@ -121,6 +122,7 @@ def test_the_optimizer_clips_the_global_norm_at_max_grad_norm_before_adam():
     assert float(current_learning_rate(state)) == pytest.approx(config.learning_rate)
 
 
+@pytest.mark.compile
 def test_a_partly_unrolled_scan_gives_the_same_update():
     # 6 minibatch steps unrolled 4 at a time: one unrolled block and a remainder.
     config = PPOConfig(num_minibatches=2, update_epochs=3)
