@@ -143,6 +143,15 @@ def check_addresses(args: argparse.Namespace) -> None:
         raise UsageError(f"--process-id {args.process_id} must be in 0 .. {args.num_processes - 1}")
 
 
+def check_wandb_names(args: argparse.Namespace) -> None:
+    """W&B's project and entity names, checked before anything is written (W&B itself checks them only later)."""
+    for name, value in (("--wandb-project-name", args.wandb_project_name), ("--wandb-entity", args.wandb_entity)):
+        if value is None and name == "--wandb-entity":
+            continue
+        if not value or len(value) > 128 or any(c in value for c in "/\\#?%:"):
+            raise UsageError(f"{name} {value[:60]!r} is not a W&B name; allowed: 1 to 128 characters, none of /\\#?%:")
+
+
 def require(module: str, message: str) -> None:
     """Import ``module`` now, or fail with ``message``: optional dependencies are checked before a run starts."""
     try:
@@ -165,7 +174,9 @@ def start_processes(args: argparse.Namespace) -> Any:
                 process_id=args.process_id,
                 local_device_ids=local_ids,
             )
-        except (RuntimeError, ValueError) as error:
+        except ValueError as error:  # missing or malformed settings: nothing was tried
+            raise UsageError(f"cannot join a distributed run: {str(error).splitlines()[0]}") from None
+        except RuntimeError as error:
             raise RunError(f"could not join the distributed run: {str(error).splitlines()[0]}") from None
     if jax.process_count() == 1 and (args.devices or 1) == 1:
         return None
@@ -203,6 +214,7 @@ def train_command(args: argparse.Namespace) -> int:
     """Check everything, then make the run directory, then train."""
     if args.track:
         require("wandb", "--track needs Weights & Biases: pip install wandb")
+        check_wandb_names(args)
     check_addresses(args)
     plan = plan_resume(args) if args.resume is not None else plan_new(args)
     if plan.start_iteration >= plan.config.num_iterations:

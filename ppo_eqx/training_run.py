@@ -137,7 +137,12 @@ class TrainingRun:
         for agent_dir, agent in zip(plan.agent_dirs, config.agent_configs(), strict=True):
             wandb_run = None
             if args.track:
-                wandb_run = start_wandb(plan.run_dir, config, project=args.wandb_project_name, entity=args.wandb_entity)
+                try:
+                    wandb_run = start_wandb(
+                        plan.run_dir, config, project=args.wandb_project_name, entity=args.wandb_entity
+                    )
+                except Exception as error:  # W&B's own errors (network, login) are of many types
+                    raise RunError(f"--track: Weights & Biases refused the run: {str(error).splitlines()[0]}") from None
             writers.append(
                 RunWriter(
                     agent_dir,
@@ -193,7 +198,8 @@ class TrainingRun:
                 writer.write(record)
         except OSError as error:
             raise RunError(
-                f"could not write the metrics of iteration {records[0]['iteration']}: {error.strerror or error}"
+                f"could not write the metrics of iteration {records[0]['iteration']}: {error.strerror or error}; "
+                f"{self._kept()}"
             ) from None
         self._check_threads()
 
@@ -277,6 +283,14 @@ class TrainingRun:
                     file=sys.stderr,
                 )
             return 130 if self.stop.signal == "SIGINT" else 143
+        try:
+            for writer in self.writers:
+                writer.close()  # TensorBoard's thread writes what it holds and ends: its errors are recorded now
+        except OSError as error:
+            raise RunError(
+                f"could not write the last events in {self.plan.run_dir}: {error.strerror or error}; {self._kept()}"
+            ) from None
+        self._check_threads()
         for writer, record in zip(self.writers, records, strict=bool(self.writers)):
             writer.finish({key: record.get(key) for key in ("global_step", "time_elapsed", "episodic_return")})
         seeds = f" x {config.num_seeds} seeds" if config.num_seeds > 1 else ""

@@ -479,11 +479,6 @@ def test_a_full_disk_under_metrics_jsonl_stops_with_one_line(tmp_path, capsys, m
     assert json.loads(rows[0])["iteration"] == 1
 
 
-@pytest.mark.xfail(
-    reason="TrainingRun._end writes summary.json and exits 0 before TensorBoard's thread has written the last "
-    "events; a failure there is recorded by the excepthook but never checked (fix proposed for training_run.py)",
-    strict=False,
-)
 def test_a_full_disk_under_tensorboard_in_the_last_iteration_is_not_done(tmp_path, capsys, monkeypatch, watchdog):
     from tensorboardX.record_writer import RecordWriter
 
