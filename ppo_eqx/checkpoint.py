@@ -69,7 +69,8 @@ def init_checkpoint(config: PPOConfig, spec: EnvSpec) -> Checkpoint:
         agents = init(config.seed)
     else:
         agents = eqx.filter_vmap(init)(config.seed + jnp.arange(config.num_seeds))
-    return Checkpoint(*agents, jnp.zeros((), jnp.int32))
+    model, opt_state, key, stats = agents
+    return Checkpoint(model, opt_state, key, stats, jnp.zeros((), jnp.int32))
 
 
 @eqx.filter_jit

@@ -241,8 +241,8 @@ class MeshPlacement:
         self._learn: Any = None
 
     def place(self, checkpoint: Checkpoint, collector: Collector) -> TrainState:
-        first, count = self.share.first, self.share.count
-        stats = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[first : first + count]), checkpoint.stats)
+        own = slice(self.share.first, self.share.first + (self.share.count or 0))
+        stats = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[own]), checkpoint.stats)
         carry = collector.carry(fresh_episodes(stats))
         self._static = eqx.partition(checkpoint.model, eqx.is_array)[1]
         model, opt_state = replicate(checkpoint.model, self.mesh), replicate(checkpoint.opt_state, self.mesh)

@@ -149,7 +149,9 @@ def check_wandb_names(args: argparse.Namespace) -> None:
         if value is None and name == "--wandb-entity":
             continue
         if not value or len(value) > 128 or any(c in value for c in "/\\#?%:"):
-            raise UsageError(f"{name} {value[:60]!r} is not a W&B name; allowed: 1 to 128 characters, none of /\\#?%:")
+            raise UsageError(
+                f"{name} {str(value)[:60]!r} is not a W&B name; allowed: 1 to 128 characters, none of /\\#?%:"
+            )
 
 
 def require(module: str, message: str) -> None:

@@ -176,7 +176,7 @@ class TrainingRun:
                     record["time_elapsed"] = time.perf_counter() - start + self.time_offset
                 self._write(records)
                 self._show(bar, records)
-                if self._checkpoint_now(records[0]["iteration"]):
+                if self._checkpoint_now(int(records[0]["iteration"])):
                     break
         except NonFiniteError as error:
             for record in error.records:

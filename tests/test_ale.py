@@ -156,7 +156,7 @@ def test_a_program_traced_with_one_pool_drives_another_without_recompiling():
 
     _, out_first = play(first.handle, actions)
     _, out_second = play(second.handle, actions)
-    assert play._cache_size() == 1
+    assert play._cache_size() == 1  # pyright: ignore[reportAttributeAccessIssue]
     jax.tree.map(np.testing.assert_array_equal, out_first, out_second)  # same seeds: the same games
     first.close()
     second.close()

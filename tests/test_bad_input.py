@@ -403,7 +403,7 @@ ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 @pytest.fixture
 def watchdog():
     """A writer that blocks forever would hang the test run: end the process with the stacks after 5 minutes."""
-    faulthandler.dump_traceback_later(300, exit=True, file=sys.__stderr__)
+    faulthandler.dump_traceback_later(300, exit=True, file=sys.__stderr__)  # pyright: ignore[reportArgumentType]
     yield
     faulthandler.cancel_dump_traceback_later()
 
@@ -420,7 +420,8 @@ def assert_intact(run: Path, rows_at_least: int) -> None:
     assert json.loads((run / "config.json").read_text())["total_timesteps"] == 2048
 
 
-def test_a_full_disk_under_tensorboard_stops_with_one_line(tmp_path, capsys, monkeypatch, watchdog):
+def disk_fills_under_tensorboard(monkeypatch, *, after_iteration: int) -> None:
+    """TensorBoard's record writer fails with ENOSPC once the metrics of ``after_iteration`` are written."""
     from tensorboardX.record_writer import RecordWriter
 
     real_record_write, real_run_write = RecordWriter.write, writers.RunWriter.write
@@ -433,10 +434,15 @@ def test_a_full_disk_under_tensorboard_stops_with_one_line(tmp_path, capsys, mon
 
     def run_write(self, record):
         real_run_write(self, record)
-        full.append(record["iteration"])  # TensorBoard's events of the first iteration on may be lost
+        if record["iteration"] >= after_iteration:
+            full.append(record["iteration"])
 
     monkeypatch.setattr(RecordWriter, "write", record_write)
     monkeypatch.setattr(writers.RunWriter, "write", run_write)
+
+
+def test_a_full_disk_under_tensorboard_stops_with_one_line(tmp_path, capsys, monkeypatch, watchdog):
+    disk_fills_under_tensorboard(monkeypatch, after_iteration=1)  # its events of the first iteration on may be lost
     run = tmp_path / "run"
     capsys.readouterr()
     code = main(["train", *FOUR_ITERATIONS, "--checkpoint-every", "1", "--no-progress", "--run-dir", str(run)])
@@ -480,23 +486,7 @@ def test_a_full_disk_under_metrics_jsonl_stops_with_one_line(tmp_path, capsys, m
 
 
 def test_a_full_disk_under_tensorboard_in_the_last_iteration_is_not_done(tmp_path, capsys, monkeypatch, watchdog):
-    from tensorboardX.record_writer import RecordWriter
-
-    real_record_write, real_run_write = RecordWriter.write, writers.RunWriter.write
-    full = []
-
-    def record_write(self, data):
-        if full:
-            raise ENOSPC
-        real_record_write(self, data)
-
-    def run_write(self, record):
-        real_run_write(self, record)
-        if record["iteration"] == 2:  # the last
-            full.append(record["iteration"])
-
-    monkeypatch.setattr(RecordWriter, "write", record_write)
-    monkeypatch.setattr(writers.RunWriter, "write", run_write)
+    disk_fills_under_tensorboard(monkeypatch, after_iteration=2)  # the last
     run = tmp_path / "run"
     code = main(["train", *TINY, "--no-progress", "--run-dir", str(run)])
     assert code == 1

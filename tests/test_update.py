@@ -116,7 +116,7 @@ def test_the_optimizer_clips_the_global_norm_at_max_grad_norm_before_adam():
         got = optax.apply_updates(got, updates)
     want = numpy_clipped_adam(params, grads_per_step, max_grad_norm=2.0, learning_rate=config.learning_rate)
     for name in params:
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-9)
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-9)  # pyright: ignore
     unclipped = numpy_clipped_adam(params, grads_per_step, max_grad_norm=np.inf, learning_rate=config.learning_rate)
     assert not np.allclose(want["a"], unclipped["a"], rtol=1e-2, atol=0)  # the test can tell
     assert float(current_learning_rate(state)) == pytest.approx(config.learning_rate)

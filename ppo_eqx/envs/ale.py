@@ -26,6 +26,7 @@ import chex  # noqa: F401  (AtariVectorEnv.xla() imports it; a missing one is re
 import jax.numpy as jnp
 import numpy as np
 from ale_py.vector_env import AtariVectorEnv
+from gymnasium.spaces import Discrete
 from jaxtyping import Array, Bool, Int, UInt8
 
 from .._types import EnvOutput
@@ -70,8 +71,9 @@ def _spec(env_id: str) -> EnvSpec:
         )
     env = AtariVectorEnv(games()[env_id], 1, num_threads=1, **SETTINGS)
     try:
-        return EnvSpec(env_id, tuple(env.single_observation_space.shape), np.dtype(np.uint8),
-                       int(env.single_action_space.n), True)  # fmt: skip
+        shape, actions = env.single_observation_space.shape, env.single_action_space
+        assert shape is not None and isinstance(actions, Discrete)  # ALE's frames and its minimal action set
+        return EnvSpec(env_id, tuple(shape), np.dtype(np.uint8), int(actions.n), True)
     finally:
         env.close()
 
