@@ -60,16 +60,20 @@ _CONFIG_FIELDS = frozenset(PPOConfig.__dataclass_fields__)
 
 
 def plan_new(args: argparse.Namespace) -> Plan:
-    """The checked plan of a new run: config, env and every directory it writes (nothing is written)."""
+    """The checked plan of a new run: its config and env (nothing is written; the run directory is checked by
+    the process that writes it, ``check_run_dirs``)."""
     config = config_from_args(args)
     if args.track and config.num_seeds > 1:
         raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds}")
     run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
-    plan = Plan(config, run_dir)
-    check_new_run_dir(run_dir, args.overwrite)
-    for agent_dir in plan.agent_dirs if config.num_seeds > 1 else []:
-        check_new_run_dir(agent_dir, args.overwrite)
-    return plan
+    return Plan(config, run_dir)
+
+
+def check_run_dirs(plan: Plan, overwrite: bool) -> None:
+    """Every directory a new run writes may be written (nothing is written or created here)."""
+    check_new_run_dir(plan.run_dir, overwrite)
+    for agent_dir in plan.agent_dirs if plan.config.num_seeds > 1 else []:
+        check_new_run_dir(agent_dir, overwrite)
 
 
 def plan_resume(args: argparse.Namespace) -> Plan:
@@ -219,6 +223,9 @@ def train_command(args: argparse.Namespace) -> int:
         check_wandb_names(args)
     check_addresses(args)
     plan = plan_resume(args) if args.resume is not None else plan_new(args)
+    one_process = not (args.distributed or args.coordinator_address)
+    if plan.resume is None and one_process:  # several: process 0 checks once all have joined (below)
+        check_run_dirs(plan, args.overwrite)
     if plan.start_iteration >= plan.config.num_iterations:
         print(f"ppo-eqx: {plan.run_dir} finished at iteration {plan.start_iteration}; nothing to resume", flush=True)
         return 0
@@ -235,6 +242,7 @@ def train_command(args: argparse.Namespace) -> int:
     refused: Exception | None = None
     if writes and plan.resume is None:
         try:
+            check_run_dirs(plan, args.overwrite)  # again: only now is this process known to be the writer
             _make_run_dirs(plan, args.overwrite)
         except RunDirError as error:
             refused = error
