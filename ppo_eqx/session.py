@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .cli import RunError, UsageError, flag
-from .config import PPOConfig, preset_for
+from .config import ConfigError, PPOConfig, preset_for
 from .rundir import (
     CONFIG,
     SEEDS_CONFIG,
@@ -50,10 +50,16 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
     from .envs import backend
 
     env_id = args.env_id or PPOConfig.env_id
-    spec = backend(args.env_backend or PPOConfig.env_backend).spec(env_id)
-    values: dict[str, Any] = preset_for(spec.is_atari)
+    env_backend = backend(args.env_backend or PPOConfig.env_backend)
+    values: dict[str, Any] = preset_for(env_backend.spec(env_id).is_atari)
     values.update({name: value for name, value in vars(args).items() if name in _CONFIG_FIELDS and value is not None})
-    return PPOConfig(**values).validate()
+    config = PPOConfig(**values).validate()
+    if config.async_batch_size and not env_backend.has_async:
+        raise ConfigError(
+            f"async_batch_size={config.async_batch_size} is not possible with --env-backend {env_backend.name}; "
+            "allowed: 0"
+        )
+    return config
 
 
 _CONFIG_FIELDS = frozenset(PPOConfig.__dataclass_fields__)

@@ -225,6 +225,16 @@ def test_a_model_trained_on_one_backend_plays_on_the_other(train_on, eval_on, tm
     assert all(0 < length <= 27_000 for length in evaluation.lengths)
 
 
+def test_the_cli_refuses_an_async_pool_on_ale_before_anything_is_written(tmp_path, capsys):
+    from ppo_eqx.cli import main
+
+    run_dir = tmp_path / "run"
+    assert main(["train", "--env-backend", "ale", "--async-batch-size", "4", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["ppo-eqx: error: async_batch_size=4 is not possible with --env-backend ale; allowed: 0"]
+    assert not run_dir.exists()
+
+
 @pytest.mark.subprocess
 def test_the_cli_refuses_an_ale_game_it_does_not_have_in_one_line(tmp_path):
     result = subprocess.run(

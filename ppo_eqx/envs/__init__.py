@@ -95,6 +95,8 @@ class EnvBackend(Protocol):
     rebinds: bool
     """True when a program traced with one pool's calls can drive another pool (given its handle): then a new
     segment of envs needs no new compile. False for EnvPool, whose XLA call is bound to the pool it came from."""
+    has_async: bool
+    """Whether ``make_async`` makes pools (EnvPool) or refuses (ALE)."""
 
     def spec(self, env_id: str) -> EnvSpec:
         """The spec of ``env_id``; ConfigError (naming the id and what is allowed) for an unknown id or one

@@ -129,6 +129,7 @@ class AleBackend:
 
     name = "ale"
     rebinds = True
+    has_async = False
 
     def spec(self, env_id: str) -> EnvSpec:
         return _spec(env_id)

@@ -82,6 +82,7 @@ class EnvPoolBackend:
 
     name = "envpool"
     rebinds = False
+    has_async = True
 
     def spec(self, env_id: str) -> EnvSpec:
         return _spec(env_id)
