@@ -77,14 +77,8 @@ def sharded_update(
     the batch ``update`` takes flattened to ``[T*N, ...]``, as the training iteration flattens its rollout.
     Same results and minibatches (the same permutations of the flattened batch, from ``key``) as ``update``
     on that flat batch; the results are replicated over ``mesh``. ``model``, ``opt_state`` and ``key`` are
-    replicated (``replicate``). N and the minibatch size must be multiples of the number of devices.
-
-    A minibatch draws its rows from the whole batch, so each device first gathers the whole batch (one
-    ``all_gather`` per call, of the observations already relaid out by ``model.prepare``). From it every
-    device standardises each minibatch's advantages with the whole minibatch's mean and standard deviation,
-    exactly as ``update`` does, and then computes the loss and its gradient on its own rows of each
-    minibatch only. One collective per step averages the gradients (the mean of the devices' equal-sized
-    shard means is the minibatch mean), one after the last step the loss diagnostics.
+    replicated (``replicate``). N and the minibatch size must be multiples of the number of devices. How each
+    device gets there: ``_local_update``.
     """
     (axis,) = mesh.axis_names
     num_shards = mesh.shape[axis]
@@ -140,8 +134,15 @@ def _local_update(
     norm_adv: bool,
     unroll: int,
 ) -> Any:
-    """What each device runs under ``shard_map``: gather the batch, standardise each minibatch's advantages,
-    then the minibatch steps on this device's rows, the gradients averaged over the devices."""
+    """What each device runs under ``shard_map``.
+
+    A minibatch draws its rows from the whole batch, so each device first gathers the whole batch (one
+    ``all_gather`` per call, of the observations already relaid out by ``model.prepare``). From it every
+    device standardises each minibatch's advantages with the whole minibatch's mean and standard deviation,
+    exactly as ``update`` does, and then computes the loss and its gradient on its own rows of each
+    minibatch only. One collective per step averages the gradients (the mean of the devices' equal-sized
+    shard means is the minibatch mean), one after the last step the loss diagnostics.
+    """
 
     def mean_over_devices(grads: PyTree) -> PyTree:
         flat, unflatten = ravel_pytree(grads)
