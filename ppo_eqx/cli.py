@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .config import FIELD_CHOICES, ConfigError, PPOConfig
-from .rundir import MAX_NAME, MAX_PATH, RunDirError
+from .rundir import RunDirError, path_problem
 
 INT32_MAX = 2**31 - 1
 
@@ -38,12 +38,9 @@ def flag(name: str) -> str:
 
 
 def _path(text: str) -> Path:
-    if not text:
-        raise argparse.ArgumentTypeError("is empty; allowed: a path")
-    if "\0" in text:
-        raise argparse.ArgumentTypeError("holds a NUL character; allowed: a path")
-    if len(text) > MAX_PATH or any(len(part) > MAX_NAME for part in text.split("/")):
-        raise argparse.ArgumentTypeError(f"is too long; allowed: {MAX_PATH} characters, {MAX_NAME} per name")
+    problem = path_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return Path(text)
 
 

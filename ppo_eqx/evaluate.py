@@ -108,9 +108,6 @@ def summarise(evaluation: Evaluation) -> dict[str, float]:
     }
 
 
-VIDEO_SUFFIXES = (".mp4", ".gif")
-
-
 class VideoWriter:
     """Frames (``[H, W, 3]`` uint8) to an ``.mp4`` (H.264 through PyAV) or a ``.gif`` (Pillow).
 

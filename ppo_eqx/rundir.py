@@ -131,14 +131,24 @@ MAX_PATH = 4096
 MAX_NAME = 255
 
 
+def path_problem(text: str) -> str | None:
+    """What makes ``text`` no path at all (empty, a NUL character, too long), said for a message; else None."""
+    if not text:
+        return "is empty; allowed: a path"
+    if "\0" in text:
+        return "holds a NUL character; allowed: a path"
+    if len(text) > MAX_PATH or any(len(part) > MAX_NAME for part in text.split("/")):
+        return f"is too long; allowed: {MAX_PATH} characters, {MAX_NAME} per name"
+    return None
+
+
 def check_path(flag: str, path: Path) -> None:
-    """RunDirError unless ``path`` could be a file or directory to write: not empty, not too long, and no
-    part of it an existing file (a path "inside a file")."""
+    """RunDirError unless ``path`` could be a file or directory to write: a path (``path_problem``; ``Path("")``
+    reads as "."), and no part of it an existing file (a path "inside a file")."""
     text = str(path)
-    if not text or text == ".":
-        raise RunDirError(f"{flag} is empty; allowed: a path")
-    if len(text) > MAX_PATH or any(len(part) > MAX_NAME for part in path.parts):
-        raise RunDirError(f"{flag} {text[:60]}... is too long; allowed: {MAX_PATH} characters, {MAX_NAME} a name")
+    problem = path_problem("" if text == "." else text)
+    if problem is not None:
+        raise RunDirError(f"{flag} {text[:60]} {problem}" if text != "." else f"{flag} {problem}")
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
             raise RunDirError(f"{flag} {path}: {parent} is a file, not a directory")

@@ -25,8 +25,6 @@ from .rundir import (
     write_json,
 )
 
-VIDEO_PACKAGES = {".mp4": ("av", "PyAV: pip install av"), ".gif": ("PIL", "Pillow: pip install pillow")}
-
 
 class Plan(NamedTuple):
     """A checked request to train: the config, where it is written, and what a resume starts from."""
@@ -248,7 +246,8 @@ def train_command(args: argparse.Namespace) -> int:
     refused: Exception | None = None
     if writes and plan.resume is None:
         try:
-            check_run_dirs(plan, args.overwrite)  # again: only now is this process known to be the writer
+            if not one_process:  # only now is this process known to be the writer
+                check_run_dirs(plan, args.overwrite)
             _make_run_dirs(plan, args.overwrite)
         except RunDirError as error:
             refused = error
