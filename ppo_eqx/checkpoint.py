@@ -26,20 +26,20 @@ from .envs import EnvSpec
 from .networks import ActorCritic
 from .rollout import init_episode_stats
 from .rundir import CHECKPOINT_DIR, CONFIG, RunDirError, json_bytes, write_atomic
-from .update import make_optimizer
+from .update import Hyperparameters, agent_hyperparameters, make_optimizer
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"iter_(\d{6,})\.json")
 
 AgentKeys = Key[Array, "*S"] | UInt32[Array, "*S 2"]
-"""A PRNG key, or with ``num_seeds`` S > 1 one per agent."""
+"""A PRNG key, or with ``num_agents`` A > 1 one per agent."""
 
 
 class Checkpoint(eqx.Module):
     """What a checkpoint holds: the training state less the envs (a backend's env state cannot be saved).
 
     ``stats`` keeps the last finished episode of every env; its running episodes are dropped on restore, as
-    the envs are made afresh. With ``num_seeds`` S > 1 every field but ``iteration`` has a leading ``S`` axis.
+    the envs are made afresh. With ``num_agents`` A > 1 every field but ``iteration`` has a leading ``A`` axis.
     """
 
     model: ActorCritic
@@ -53,22 +53,25 @@ def init_checkpoint(config: PPOConfig, spec: EnvSpec) -> Checkpoint:
     """A fresh run's model, optimizer state, key and episode statistics, at iteration 0; under
     ``eqx.filter_eval_shape`` the "like" tree that a checkpoint loads into.
 
-    With ``num_seeds`` S > 1 each is stacked over a leading ``S`` axis (``eqx.filter_vmap`` over the seeds),
-    agent s initialised as the single-seed run with seed ``seed + s``.
+    With ``num_agents`` A > 1 each is stacked over a leading ``A`` axis (``eqx.filter_vmap`` over the agents),
+    agent k initialised as the single run of ``config.agent_configs()[k]``.
     """
-    optimizer = make_optimizer(config)
     conv_impl: ConvImpl = config.conv_impl  # type: ignore[assignment]  # validated by PPOConfig
 
-    def init(seed: int | Int[Array, ""]) -> tuple[ActorCritic, PyTree, PRNGKeyArray, EpisodeStats]:
+    def init(
+        seed: int | Int[Array, ""], hyperparameters: Hyperparameters
+    ) -> tuple[ActorCritic, PyTree, PRNGKeyArray, EpisodeStats]:
         key, model_key = jax.random.split(jax.random.PRNGKey(seed))
         model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=conv_impl, key=model_key)
+        optimizer = make_optimizer(config.replace(**hyperparameters) if hyperparameters else config)
         opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
         return model, opt_state, key, init_episode_stats(config.num_envs)
 
-    if config.num_seeds == 1:
-        agents = init(config.seed)
+    if config.num_agents == 1:
+        agents = init(config.seed, {})
     else:
-        agents = eqx.filter_vmap(init)(config.seed + jnp.arange(config.num_seeds))
+        seeds = jnp.asarray([agent.seed for agent in config.agent_configs()])
+        agents = eqx.filter_vmap(init)(seeds, agent_hyperparameters(config))
     model, opt_state, key, stats = agents
     return Checkpoint(model, opt_state, key, stats, jnp.zeros((), jnp.int32))
 

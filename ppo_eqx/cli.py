@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .config import FIELD_CHOICES, ConfigError, PPOConfig
+from .config import FIELD_CHOICES, NOT_SWEEPABLE, SWEEPABLE, ConfigError, PPOConfig
 from .rundir import RunDirError, path_problem
 
 INT32_MAX = 2**31 - 1
@@ -63,11 +63,54 @@ def _field_help(field: dataclasses.Field, default: Any) -> str:
     return f"{text} (default: {default!r})".replace("%", "%%")
 
 
+_KINDS = {field.name: field.type for field in dataclasses.fields(PPOConfig)}
+_TRUTH = {"true": True, "false": False}
+
+
+def _sweep_value(name: str, text: str) -> Any:
+    """One value of a ``--sweep`` list, parsed as field ``name``'s type (its range is PPOConfig's to check)."""
+    if _KINDS[name] is bool:
+        if text.lower() not in _TRUTH:
+            raise argparse.ArgumentTypeError(f"{flag(name)[2:]}: {text[:60]!r} is not true or false")
+        return _TRUTH[text.lower()]
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{flag(name)[2:]}: {text[:60]!r} is not a number") from None
+
+
+def sweep_item(text: str) -> tuple[str, tuple[Any, ...]]:
+    """``NAME=V1,V2,...`` (NAME a kebab-case flag name) as ``(field_name, (value, ...))``."""
+    name, equals, values = text.partition("=")
+    field = name.strip().replace("-", "_")
+    allowed = ", ".join(flag(name)[2:] for name in SWEEPABLE)
+    if not equals:
+        raise argparse.ArgumentTypeError(f"{text[:60]!r} is not NAME=V1,V2,...; allowed names: {allowed}")
+    if field not in _KINDS:
+        raise argparse.ArgumentTypeError(f"{name[:60]!r} is not a hyperparameter; allowed: {allowed}")
+    if field not in SWEEPABLE:
+        raise argparse.ArgumentTypeError(
+            f"{flag(field)[2:]} cannot be swept in one program ({field} {NOT_SWEEPABLE[field]}); train one run "
+            f"per value instead (bench/atari57.py runs many); allowed: {allowed}"
+        )
+    pieces = [piece.strip() for piece in values.split(",")]
+    if not values.strip() or not all(pieces):
+        raise argparse.ArgumentTypeError(f"{flag(field)[2:]}: {values[:60]!r} has an empty value; allowed: V1,V2,...")
+    return field, tuple(_sweep_value(field, piece) for piece in pieces)
+
+
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per PPOConfig field; defaults stay None so that presets and explicit values can be told apart."""
     defaults = PPOConfig()
     for field in dataclasses.fields(PPOConfig):
         help_text = _field_help(field, getattr(defaults, field.name))
+        if field.name == "sweep":
+            parser.add_argument(
+                "--sweep", type=sweep_item, action="append", default=None, metavar="NAME=V1,V2",
+                help=f"train every value of hyperparameter NAME, in one program; repeat for a grid; NAME: "
+                f"{', '.join(flag(name)[2:] for name in SWEEPABLE)}; each setting x --num-seeds seeds (ppo_eqx's own)",
+            )  # fmt: skip
+            continue
         if field.type is bool:
             kwargs: dict[str, Any] = {"action": argparse.BooleanOptionalAction}
         elif field.name in FIELD_CHOICES:

@@ -5,7 +5,8 @@
 ``carry(stats)`` is the carry of the pool's fresh envs (host side); ``prime(model, carry, key)`` starts them
 (a no-op for a synchronous pool; an async pool's first steps) and returns the key left over;
 ``collect(model, carry, key)`` plays ``num_steps`` steps and returns the time-major batch ``[T, N, ...]`` with
-its GAE advantages and returns. ``prime`` and ``collect`` are pure and jittable.
+its GAE advantages and returns; ``collect(..., gamma=g, gae_lambda=l)`` overrides the collector's discount (one
+agent's arrays in a sweep). ``prime`` and ``collect`` are pure and jittable.
 """
 
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import PRNGKeyArray
+from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._types import Batch, EpisodeStats
 from .envs import AsyncPool, Pool, seeds_env_step
@@ -27,7 +28,11 @@ Carry = RolloutCarry | AsyncRolloutCarry
 class Collector(NamedTuple):
     carry: Callable[[EpisodeStats], Any]
     prime: Callable[[ActorCritic, Any, PRNGKeyArray], tuple[Any, PRNGKeyArray]]
-    collect: Callable[[ActorCritic, Any, PRNGKeyArray], tuple[Any, Batch]]
+    collect: Callable[..., tuple[Any, Batch]]
+    """``collect(model, carry, key, *, gamma=..., gae_lambda=...)``, the discount defaulting to the collector's."""
+
+
+Discount = float | Float[Array, ""]
 
 
 def _no_prime(model: ActorCritic, carry: Carry, key: PRNGKeyArray) -> tuple[Carry, PRNGKeyArray]:
@@ -59,7 +64,14 @@ def sync_collector(
             obs = obs.reshape((num_agents, -1) + obs.shape[1:])
         return RolloutCarry(pool.handle, obs, stats)
 
-    def collect(model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Batch]:
+    def collect(
+        model: ActorCritic,
+        carry: RolloutCarry,
+        key: PRNGKeyArray,
+        *,
+        gamma: Discount = gamma,
+        gae_lambda: Discount = gae_lambda,
+    ) -> tuple[RolloutCarry, Batch]:
         carry, t, last_value = rollout(
             model, step, carry, num_steps=num_steps, key=key, first_env=first_env, total_envs=total_envs
         )
@@ -83,7 +95,14 @@ def async_collector(pool: AsyncPool, *, num_steps: int, gamma: float, gae_lambda
         key, prime_key = jax.random.split(key)
         return prime_async(model, pool.env, carry, key=prime_key), key
 
-    def collect(model: ActorCritic, carry: AsyncRolloutCarry, key: PRNGKeyArray) -> tuple[AsyncRolloutCarry, Batch]:
+    def collect(
+        model: ActorCritic,
+        carry: AsyncRolloutCarry,
+        key: PRNGKeyArray,
+        *,
+        gamma: Discount = gamma,
+        gae_lambda: Discount = gae_lambda,
+    ) -> tuple[AsyncRolloutCarry, Batch]:
         carry, t = async_rollout(model, pool.env, carry, num_steps=num_steps, key=key)
         num_envs = carry.actions.shape[0]
         advantages, returns = compute_gae_by_env(

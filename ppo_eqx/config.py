@@ -1,6 +1,7 @@
 """PPOConfig: every hyperparameter, with CleanRL's names and defaults, validated in one place."""
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple, get_args, no_type_check
@@ -119,6 +120,18 @@ class PPOConfig:
         default="envpool", metadata={"help": "the library that runs the envs (ppo_eqx's own)"}
     )
     """Which env backend makes the envs (one of ENV_BACKENDS; ``ppo_eqx.envs.backend``)."""
+    sweep: tuple[tuple[str, tuple[Any, ...]], ...] = dataclasses.field(
+        default=(), metadata={"help": "hyperparameters that take several values, one agent per setting (ppo_eqx's own)"}
+    )
+    """Swept hyperparameters, ``((name, (value, ...)), ...)`` with names among ``SWEEPABLE`` (a mapping of name
+    to values is taken too). The settings are the grid of their values (``settings``), each trained with
+    ``num_seeds`` seeds: agent ``k`` of ``num_agents`` is setting ``k // num_seeds`` with seed
+    ``seed + k % num_seeds``, and computes what the single run of ``agent_configs()[k]`` computes. Each agent's
+    swept values are arrays inside the one ``vmap``-ed iteration; the config's own value of a swept field is
+    not used."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sweep", _normal_sweep(self.sweep))
 
     @property
     def batch_size(self) -> int:
@@ -137,15 +150,48 @@ class PPOConfig:
     def num_iterations(self) -> int:
         return self.total_timesteps // self.batch_size
 
+    @property
+    def settings(self) -> list[dict[str, Any]]:
+        """The grid of the swept values, the last name's varying fastest; ``[{}]`` without a sweep."""
+        names = [name for name, _ in self.sweep]
+        return [dict(zip(names, values, strict=True)) for values in itertools.product(*(v for _, v in self.sweep))]
+
+    @property
+    def num_agents(self) -> int:
+        """Agents trained at once: one per setting and seed."""
+        return len(self.settings) * self.num_seeds
+
     def agent_configs(self) -> list["PPOConfig"]:
-        """The single-seed config of each of the ``num_seeds`` agents: seeds ``seed``, ``seed + 1``, ..."""
-        return [self.replace(seed=self.seed + s, num_seeds=1) for s in range(self.num_seeds)]
+        """The single-agent config of each of the ``num_agents`` agents, setting by setting, and within each the
+        seeds ``seed``, ``seed + 1``, ..."""
+        return [
+            self.replace(**setting, seed=self.seed + s, num_seeds=1, sweep=())
+            for setting in self.settings
+            for s in range(self.num_seeds)
+        ]
+
+    def agent_values(self) -> dict[str, list[Any]]:
+        """Each swept hyperparameter's value for every agent (``num_agents`` of them); ``{}`` without a sweep."""
+        agents = self.agent_configs()
+        return {name: [getattr(agent, name) for agent in agents] for name, _ in self.sweep}
+
+    def agent_names(self) -> list[str]:
+        """A name for each agent, unique in the run: ``seedK``, under a sweep ``SETTING/seedK`` with the setting
+        written as its flags, ``learning-rate=0.001,norm-adv=false``."""
+        return [
+            "/".join([*([setting_label(setting)] if self.sweep else []), f"seed{self.seed + s}"])
+            for setting in self.settings
+            for s in range(self.num_seeds)
+        ]
 
     def replace(self, **changes: Any) -> "PPOConfig":
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields as JSON-ready values; ``sweep`` as a mapping of name to the list of its values."""
+        values = dataclasses.asdict(self)
+        values["sweep"] = {name: list(sweep_values) for name, sweep_values in self.sweep}
+        return values
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "PPOConfig":
@@ -170,7 +216,9 @@ class PPOConfig:
         are checked against each other, so that no value of any type raises anything but ConfigError.
         """
         for field in dataclasses.fields(self):
-            _check_field(field.name, field.type, getattr(self, field.name))
+            if field.name != "sweep":
+                _check_field(field.name, field.type, getattr(self, field.name))
+        _check_sweep(self.sweep)
         self._validate_sizes()
         self._validate_async()
         if self.batch_size % self.num_minibatches:
@@ -187,10 +235,11 @@ class PPOConfig:
 
     def _validate_sizes(self) -> None:
         """The transitions of one iteration and the seeds of the first segment's envs must fit int32."""
-        transitions = self.num_seeds * self.num_envs * self.num_steps
+        agents = "num_seeds" if not self.sweep else "settings*num_seeds"
+        transitions = self.num_agents * self.num_envs * self.num_steps
         if transitions > INT32_MAX:
             raise ConfigError(
-                f"num_seeds*num_envs*num_steps={transitions} transitions per iteration do not fit int32; "
+                f"{agents}*num_envs*num_steps={transitions} transitions per iteration do not fit int32; "
                 f"allowed: at most {INT32_MAX}"
             )
         # Agent s's env i starts with the seed seed + s + i (EnvPool's own seeding, or ours made explicit).
@@ -213,6 +262,11 @@ class PPOConfig:
             raise ConfigError(
                 f"async_batch_size={size} works with one seed only, not num_seeds={self.num_seeds}; allowed: "
                 "async_batch_size=0 or num_seeds=1"
+            )
+        if size and self.sweep:
+            raise ConfigError(
+                f"async_batch_size={size} works with one agent only, not a sweep of {len(self.settings)} settings; "
+                "allowed: async_batch_size=0 or no sweep"
             )
 
 
@@ -313,6 +367,97 @@ def _check_field(name: str, kind: object, value: Any) -> None:
             problem = f"must be {must_be}"
     if problem is not None:
         raise ConfigError(f"{name}={_show(value)} {problem}; allowed: {_allowed(kind, name)}")
+
+
+SWEEPABLE: tuple[str, ...] = (
+    "learning_rate",
+    "anneal_lr",
+    "gamma",
+    "gae_lambda",
+    "clip_coef",
+    "ent_coef",
+    "vf_coef",
+    "max_grad_norm",
+    "norm_adv",
+    "clip_vloss",
+)
+"""The fields that ``sweep`` may vary: the per-agent hyperparameters that change no array shape."""
+
+_SHAPES = "changes the iteration's array shapes"
+NOT_SWEEPABLE: dict[str, str] = {
+    "env_id": "makes another pool and model",
+    "total_timesteps": "sets the number of iterations, shared by the agents of one program",
+    "num_envs": _SHAPES,
+    "num_steps": _SHAPES,
+    "num_minibatches": _SHAPES,
+    "update_epochs": "changes the number of minibatch steps, the program's shape",
+    "seed": "is swept by --num-seeds",
+    "conv_impl": "changes the program, not the results",
+    "minibatch_unroll": "changes the program, not the results",
+    "checkpoint_every": "sets when the pool's envs are made afresh, shared by the agents",
+    "num_seeds": "is the number of seeds of every setting",
+    "async_batch_size": "changes the pool and the batch's shape",
+    "env_backend": "makes another pool",
+    "sweep": "is the sweep itself",
+}
+"""Why each other field cannot be swept in one program: it is swept by separate runs instead."""
+
+
+def setting_label(setting: Mapping[str, Any]) -> str:
+    """A setting as its flags, ``learning-rate=0.001,norm-adv=false`` (also its run directory's name)."""
+    return ",".join(f"{name.replace('_', '-')}={_value_text(value)}" for name, value in setting.items())
+
+
+def _value_text(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else repr(value)
+
+
+def _normal_sweep(sweep: Any) -> Any:
+    """``sweep`` as a tuple of ``(name, tuple_of_values)`` pairs when it is a mapping of names to lists of values
+    (as JSON gives it) or a sequence of such pairs; anything else unchanged, for ``validate`` to refuse."""
+    pairs = list(sweep.items()) if isinstance(sweep, Mapping) else sweep
+    if isinstance(pairs, list | tuple) and all(
+        isinstance(pair, list | tuple) and len(pair) == 2 and isinstance(pair[1], list | tuple) for pair in pairs
+    ):
+        return tuple((name, tuple(values)) for name, values in pairs)
+    return sweep
+
+
+def _check_sweep(sweep: Any) -> None:
+    """Raise ConfigError unless ``sweep`` is pairs of distinct sweepable names and distinct allowed values."""
+    fields = {field.name: field.type for field in dataclasses.fields(PPOConfig)}
+    if not isinstance(sweep, tuple) or any(not isinstance(pair, tuple) or len(pair) != 2 for pair in sweep):
+        raise ConfigError(
+            f"sweep={_show(sweep)} is not a sweep; allowed: a mapping of hyperparameter name to a list of values"
+        )
+    seen: set[str] = set()
+    for name, values in sweep:
+        if not isinstance(name, str) or name not in fields:
+            raise ConfigError(f"sweep of {_show(name)}: not a hyperparameter; allowed: {', '.join(SWEEPABLE)}")
+        if name not in SWEEPABLE:
+            raise ConfigError(
+                f"sweep of {name}: one program cannot sweep it ({name} {NOT_SWEEPABLE[name]}); sweep it with a "
+                f"separate run per value; allowed: {', '.join(SWEEPABLE)}"
+            )
+        if name in seen:
+            raise ConfigError(f"sweep of {name}: given twice; allowed: each name once")
+        seen.add(name)
+        if not values:
+            raise ConfigError(f"sweep of {name}: no values; allowed: one or more values")
+        for value in values:
+            try:
+                _check_field(name, fields[name], value)
+            except ConfigError as error:
+                raise ConfigError(f"sweep of {name}: {error}") from None
+        repeated = [value for i, value in enumerate(values) if value in values[:i]]
+        if repeated:
+            raise ConfigError(f"sweep of {name}: {_show(repeated[0])} given twice; allowed: distinct values")
+    if sweep and math.prod(len(values) for _, values in sweep) == 1:
+        setting = ", ".join(f"{name}={_show(values[0])}" for name, values in sweep)
+        raise ConfigError(
+            f"sweep of one setting ({setting}) is no sweep; allowed: two or more values of a name (one value is "
+            "set as the field itself)"
+        )
 
 
 # CleanRL's ppo.py defaults for vector-observation tasks (CartPole-v1 and friends): only what differs.

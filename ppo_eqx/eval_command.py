@@ -6,7 +6,7 @@ from typing import Any
 
 from .cli import RunError, UsageError
 from .config import PPOConfig
-from .rundir import EVAL, check_output, write_json
+from .rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, write_json
 from .session import require
 
 VIDEO_PACKAGES = {".mp4": ("av", "PyAV: pip install av"), ".gif": ("PIL", "Pillow: pip install pillow")}
@@ -17,8 +17,9 @@ def eval_command(args: argparse.Namespace) -> int:
     from .checkpoint import config_of, load_checkpoint, read_metadata, resolve_checkpoint
     from .envs import backend
 
-    path = resolve_checkpoint(args.path)
-    run_dir = path.parent.parent
+    agent = _agent_of(args.path)
+    path = resolve_checkpoint(args.path if agent is None else agent[0])
+    run_dir = path.parent.parent if agent is None else args.path
     output = args.output or run_dir / EVAL
     check_output("--output", output, run_dir)
     if args.video is not None:
@@ -27,21 +28,31 @@ def eval_command(args: argparse.Namespace) -> int:
     config = config_of(path, metadata)
     if args.env_backend is not None:
         config = config.replace(env_backend=args.env_backend)
-    if config.num_seeds > 1:
-        raise UsageError(f"{path} holds the {config.num_seeds} agents of a --num-seeds run; eval takes one agent's")
+    names = config.agent_names()
+    if config.num_agents > 1 and (agent is None or agent[1] not in names):
+        raise UsageError(
+            f"{path} holds the {config.num_agents} agents of a --num-seeds or --sweep run; eval takes one agent's "
+            f"directory ({path.parent.parent / names[0]}, ...)"
+        )
     spec = backend(config.env_backend).spec(config.env_id)
     checkpoint = load_checkpoint(path, metadata, config, spec)
+    model = checkpoint.model
+    if config.num_agents > 1:
+        assert agent is not None
+        index = names.index(agent[1])
+        model, config = _agent_model(model, index), config.agent_configs()[index]
     print(
         f"ppo-eqx: evaluating {path} ({config.env_id}, iteration {metadata['iteration']}) on {args.episodes} "
         f"episodes, {'greedy' if args.greedy else 'sampled'} actions",
         flush=True,
     )
-    evaluation = _play(args, checkpoint.model, config, fps=15 if spec.is_atari else 50)
+    evaluation = _play(args, model, config, fps=15 if spec.is_atari else 50)
     from .evaluate import summarise
 
     summary = summarise(evaluation)
     result = {
         "checkpoint": str(path),
+        "agent": None if agent is None else agent[1],
         "env_id": config.env_id,
         "iteration": metadata["iteration"],
         "global_step": metadata.get("global_step"),
@@ -64,6 +75,25 @@ def eval_command(args: argparse.Namespace) -> int:
         flush=True,
     )
     return 0
+
+
+def _agent_of(path: Path) -> tuple[Path, str] | None:
+    """The run of several agents (``--num-seeds``, ``--sweep``) whose agent's directory ``path`` is, and the
+    agent's name in it (``seed2``, ``learning-rate=0.001/seed1``); None when ``path`` is not such a directory."""
+    if not path.is_dir() or (path / CHECKPOINT_DIR).is_dir():
+        return None
+    for parent in path.absolute().parents[:2]:
+        if (parent / SEEDS_CONFIG).is_file():
+            return parent, path.absolute().relative_to(parent).as_posix()
+    return None
+
+
+def _agent_model(model: Any, index: int) -> Any:
+    """Agent ``index``'s model out of the agents' stacked one."""
+    import equinox as eqx
+    import jax
+
+    return jax.tree.map(lambda x: x[index] if eqx.is_array(x) else x, model)
 
 
 def _check_video(video: Path, run_dir: Path, output: Path) -> None:

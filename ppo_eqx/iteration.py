@@ -1,5 +1,6 @@
 """The one PPO iteration as a pure function: collect a batch, update the model (``make_iteration``), with the
-state it threads (``TrainState``) and the metrics it reports; ``vmap``-ed over agents for ``num_seeds`` S > 1.
+state it threads (``TrainState``) and the metrics it reports; ``vmap``-ed over agents (``num_seeds`` seeds of each
+setting of a sweep) when there are several.
 """
 
 from collections.abc import Callable
@@ -16,10 +17,17 @@ from .checkpoint import AgentKeys
 from .collect import Carry, Collector
 from .config import PPOConfig
 from .networks import ActorCritic
-from .update import current_learning_rate, update
+from .update import (
+    OPTIMIZER_FIELDS,
+    Hyperparameters,
+    OptimizerFor,
+    agent_hyperparameters,
+    current_learning_rate,
+    update,
+)
 
 Metrics = dict[str, Float[Array, "*S"]]
-"""Scalars of one iteration; with `num_seeds` S > 1, one per agent."""
+"""Scalars of one iteration; with ``num_agents`` A > 1, one per agent."""
 FINITE = "finite"
 """The metric that a Trainer's compiled iteration adds: whether the model and optimizer state are free of NaN and
 inf after it (read by the host loop with the other metrics, not logged)."""
@@ -81,7 +89,7 @@ def update_metrics(opt_state: PyTree, infos: LossInfo) -> Metrics:
 
 
 def make_iteration(
-    config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation
+    config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation | OptimizerFor
 ) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
     """The pure PPO iteration: ``collector.collect`` (``num_steps`` env steps and GAE), then ``update_epochs``
     epochs of minibatch steps.
@@ -90,22 +98,37 @@ def make_iteration(
     over all steps, ``episodic_return``/``episodic_length`` the mean over envs of each env's last finished
     episode (NaN until one has finished).
 
-    With ``config.num_seeds`` S > 1 the collector is one agent's (``sync_collector(num_agents=S)``) and the
-    iteration is that agent's ``vmap``-ed over S: the state's arrays carry a leading ``S`` axis except the env
-    handle and the iteration counter, which are shared, and every metric is ``[S]``.
+    With ``config.num_agents`` A > 1 (``num_seeds`` seeds of each of a sweep's settings) the collector is one
+    agent's (``sync_collector(num_agents=A)``) and the iteration is that agent's ``vmap``-ed over A: the state's
+    arrays carry a leading ``A`` axis except the env handle and the iteration counter, which are shared, and
+    every metric is ``[A]``. Each agent's swept hyperparameters (``agent_hyperparameters``) are arrays mapped
+    along with its state. ``optimizer`` is the optimizer, or, when the sweep varies one of
+    ``OPTIMIZER_FIELDS``, a function from an agent's config to its optimizer (``update.make_optimizer``).
     """
+    swept = agent_hyperparameters(config)
+    if isinstance(optimizer, optax.GradientTransformation) and set(swept) & set(OPTIMIZER_FIELDS):
+        raise ValueError(
+            f"the sweep varies the optimizer's {', '.join(sorted(set(swept) & set(OPTIMIZER_FIELDS)))}: pass a "
+            "function from an agent's config to its optimizer (update.make_optimizer), not one optimizer"
+        )
 
-    def iteration(state: TrainState) -> tuple[TrainState, Metrics]:
+    def iteration(state: TrainState, hyperparameters: Hyperparameters) -> tuple[TrainState, Metrics]:
+        agent = config.replace(**hyperparameters) if hyperparameters else config
+        agent_optimizer = optimizer if isinstance(optimizer, optax.GradientTransformation) else optimizer(agent)
         key, rollout_key, update_key = jax.random.split(state.key, 3)
-        carry, batch = collector.collect(state.model, state.carry, rollout_key)
+        carry, batch = collector.collect(
+            state.model, state.carry, rollout_key, gamma=agent.gamma, gae_lambda=agent.gae_lambda
+        )
         flat = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), batch)
         model, opt_state, infos = update(
-            state.model, state.opt_state, flat, optimizer=optimizer, **update_settings(config), key=update_key
+            state.model, state.opt_state, flat, optimizer=agent_optimizer, **update_settings(agent), key=update_key
         )
         metrics = {**episode_metrics(carry.stats), **update_metrics(opt_state, infos)}
         return TrainState(model, opt_state, carry, key, state.iteration + 1), metrics
 
-    return iteration if config.num_seeds == 1 else over_agents(iteration)
+    if config.num_agents == 1:
+        return lambda state: iteration(state, {})
+    return over_agents(iteration, swept)
 
 
 def agent_axes(state: TrainState) -> TrainState:
@@ -115,26 +138,28 @@ def agent_axes(state: TrainState) -> TrainState:
 
 
 def over_agents(
-    iteration: Callable[[TrainState], tuple[TrainState, Metrics]],
+    iteration: Callable[[TrainState, Hyperparameters], tuple[TrainState, Metrics]],
+    hyperparameters: Hyperparameters,
 ) -> Callable[[TrainState], tuple[TrainState, Metrics]]:
-    """One agent's iteration ``vmap``-ed over the leading ``S`` axis of a stacked state (``agent_axes``)."""
+    """One agent's iteration ``vmap``-ed over the leading ``A`` axis of a stacked state (``agent_axes``) and of
+    the agents' ``hyperparameters``."""
 
     def agents(state: TrainState) -> tuple[TrainState, Metrics]:
         axes = agent_axes(state)
-        return eqx.filter_vmap(iteration, in_axes=(axes,), out_axes=(axes, 0))(state)
+        return eqx.filter_vmap(iteration, in_axes=(axes, 0), out_axes=(axes, 0))(state, hyperparameters)
 
     return agents
 
 
 def make_prime(config: PPOConfig, collector: Collector) -> Callable[[TrainState], TrainState]:
     """``collector.prime`` of a fresh pool (the state's carry from ``collector.carry``) with the state's model;
-    with ``num_seeds`` S > 1, each agent's (``vmap``-ed as the iteration is)."""
+    with ``num_agents`` A > 1, each agent's (``vmap``-ed as the iteration is)."""
 
     def prime(state: TrainState) -> TrainState:
         carry, key = collector.prime(state.model, state.carry, state.key)
         return TrainState(state.model, state.opt_state, carry, key, state.iteration)
 
-    if config.num_seeds == 1:
+    if config.num_agents == 1:
         return prime
 
     def agents(state: TrainState) -> TrainState:

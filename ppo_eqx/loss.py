@@ -1,7 +1,7 @@
 """The PPO objective: ``ppo_loss`` on arrays, ``model_loss`` on a model and a batch."""
 
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float
 
 from ._types import Batch, LossInfo
 from .networks import ActorCritic
@@ -24,25 +24,29 @@ def ppo_loss(
     clip_coef: float | Float[Array, ""],
     vf_coef: float | Float[Array, ""],
     ent_coef: float | Float[Array, ""],
-    norm_adv: bool = True,
-    clip_vloss: bool = False,
+    norm_adv: bool | Bool[Array, ""] = True,
+    clip_vloss: bool | Bool[Array, ""] = False,
 ) -> tuple[Float[Array, ""], LossInfo]:
     """CleanRL's PPO loss on a flat minibatch; every reduction is a mean over ``B``.
 
     ``loss = policy_loss - ent_coef * mean(entropy) + vf_coef * value_loss``. With ``norm_adv`` the
     advantages are standardised within the minibatch, ``(a - mean) / (std + 1e-8)``. With ``clip_vloss``
     the value loss is the larger of the plain and the clipped squared error (CleanRL's torch version; its
-    JAX version ignores the flag).
+    JAX version ignores the flag). ``norm_adv`` and ``clip_vloss`` may be boolean arrays (one agent's in a
+    sweep): both branches are computed and one is selected.
     """
     log_ratio = new_logprob - old_logprob
     ratio = jnp.exp(log_ratio)
-    if norm_adv:
+    if not isinstance(norm_adv, bool):
+        advantages = jnp.where(norm_adv, normalize_advantages(advantages), advantages)
+    elif norm_adv:
         advantages = normalize_advantages(advantages)
     policy_loss = jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef)).mean()
     value_error = (new_value - returns) ** 2
-    if clip_vloss:
+    if clip_vloss is not False:
         clipped_value = old_value + jnp.clip(new_value - old_value, -clip_coef, clip_coef)
-        value_error = jnp.maximum(value_error, (clipped_value - returns) ** 2)
+        clipped_error = jnp.maximum(value_error, (clipped_value - returns) ** 2)
+        value_error = clipped_error if clip_vloss is True else jnp.where(clip_vloss, clipped_error, value_error)
     value_loss = 0.5 * value_error.mean()
     entropy_mean = entropy.mean()
     loss = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
@@ -64,8 +68,8 @@ def model_loss(
     clip_coef: float | Float[Array, ""],
     vf_coef: float | Float[Array, ""],
     ent_coef: float | Float[Array, ""],
-    norm_adv: bool = True,
-    clip_vloss: bool = False,
+    norm_adv: bool | Bool[Array, ""] = True,
+    clip_vloss: bool | Bool[Array, ""] = False,
     prepared: bool = False,
 ) -> tuple[Float[Array, ""], LossInfo]:
     """``ppo_loss`` of ``model`` on ``batch``; differentiate it with ``eqx.filter_value_and_grad``.

@@ -28,7 +28,7 @@ from .iteration import FINITE, Metrics, TrainState, episode_metrics, fresh_episo
 from .loss import normalize_advantages
 from .networks import ActorCritic
 from .train import EnvShare
-from .update import minibatch_indices, minibatch_steps, params_loss
+from .update import OptimizerFor, minibatch_indices, minibatch_steps, params_loss
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None, *, axis_name: str = "data") -> Mesh:
@@ -201,6 +201,11 @@ def check_mesh_config(config: PPOConfig, mesh: Mesh) -> None:
     num_devices = mesh.size
     if config.num_seeds != 1:
         raise ConfigError(f"num_seeds={config.num_seeds} cannot train on a mesh of {num_devices} devices; allowed: 1")
+    if config.sweep:
+        raise ConfigError(
+            f"a sweep of {len(config.settings)} settings cannot train on a mesh of {num_devices} devices; allowed: "
+            "no sweep"
+        )
     if config.async_batch_size:
         raise ConfigError(
             f"async_batch_size={config.async_batch_size} cannot train on a mesh of {num_devices} devices; allowed: 0"
@@ -249,7 +254,11 @@ class MeshPlacement:
         model, opt_state = replicate(checkpoint.model, self.mesh), replicate(checkpoint.opt_state, self.mesh)
         return TrainState(model, opt_state, carry, checkpoint.key, checkpoint.iteration)
 
-    def program(self, config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation) -> Any:
+    def program(
+        self, config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation | OptimizerFor
+    ) -> Any:
+        if not isinstance(optimizer, optax.GradientTransformation):  # one agent here (check_mesh_config)
+            optimizer = optimizer(config)
         if self._learn is None:
             self._learn = jax.jit(self._learn_fn(config, optimizer))
         return _MeshProgram(self, collector)

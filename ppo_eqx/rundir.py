@@ -13,8 +13,10 @@ Layout of ``RUN_DIR`` (one agent)::
     eval.json         written by ``ppo-eqx eval``
     wandb.json        the Weights & Biases run id, with --track
 
-A ``--num-seeds S`` run holds ``seeds.json`` (its config) instead of ``config.json``, and one such directory
-per agent, ``seedK/``: those are the runs that readers of run directories find.
+A run of several agents (``--num-seeds S``, ``--sweep``) holds ``seeds.json`` (its config) instead of
+``config.json``, the checkpoints of all agents, and one such directory per agent: ``seedK/``, or under a sweep
+``SETTING/seedK/`` with the setting written as its flags (``learning-rate=0.001,ent-coef=0.01/seed1/``). Those are
+the runs that readers of run directories find.
 """
 
 import json
@@ -83,11 +85,16 @@ def write_json(path: Path, data: Any) -> None:
     write_atomic(path, json_bytes(data))
 
 
-def agent_dirs(run_dir: Path, seeds: Sequence[int]) -> list[Path]:
-    """Where each agent's run is written: ``run_dir`` itself for one seed, else ``run_dir/seedK`` for seed K."""
-    if len(seeds) == 1:
+def agent_dirs(run_dir: Path, names: Sequence[str]) -> list[Path]:
+    """Where each agent's run is written: ``run_dir`` itself for one agent, else ``run_dir/NAME`` for each of the
+    agents' names (``PPOConfig.agent_names``: ``seedK``, ``SETTING/seedK``)."""
+    if len(names) == 1:
         return [run_dir]
-    return [run_dir / f"{AGENT_PREFIX}{seed}" for seed in seeds]
+    return [run_dir / name for name in names]
+
+
+def _is_agent_dir(path: Path) -> bool:
+    return path.is_dir() and path.name.startswith(AGENT_PREFIX) and path.name[len(AGENT_PREFIX) :].isdigit()
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -102,11 +109,15 @@ def clear_run(run_dir: Path) -> None:
     for events in run_dir.glob(TENSORBOARD_GLOB):
         events.unlink()
     shutil.rmtree(run_dir / CHECKPOINT_DIR, ignore_errors=True)
-    for agent in run_dir.glob(f"{AGENT_PREFIX}*"):
-        if agent.is_dir() and agent.name[len(AGENT_PREFIX) :].isdigit() and holds_run(agent):
+    setting_dirs = [path for path in run_dir.glob("*=*") if path.is_dir()]
+    for agent in [*run_dir.glob(f"{AGENT_PREFIX}*"), *(a for s in setting_dirs for a in s.glob(f"{AGENT_PREFIX}*"))]:
+        if _is_agent_dir(agent) and holds_run(agent):
             clear_run(agent)
             if not any(agent.iterdir()):
                 agent.rmdir()
+    for setting in setting_dirs:
+        if not any(setting.iterdir()):
+            setting.rmdir()
 
 
 def truncate_metrics(path: Path, last_iteration: int) -> int:

@@ -40,7 +40,7 @@ class Plan(NamedTuple):
 
     @property
     def agent_dirs(self) -> list[Path]:
-        return agent_dirs(self.run_dir, [agent.seed for agent in self.config.agent_configs()])
+        return agent_dirs(self.run_dir, self.config.agent_names())
 
 
 def config_from_args(args: argparse.Namespace) -> PPOConfig:
@@ -51,6 +51,9 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
     env_backend = backend(args.env_backend or PPOConfig.env_backend)
     values: dict[str, Any] = preset_for(env_backend.spec(env_id).is_atari)
     values.update({name: value for name, value in vars(args).items() if name in _CONFIG_FIELDS and value is not None})
+    for name, _ in values.get("sweep", ()):
+        if name in values and getattr(args, name, None) is not None:
+            raise UsageError(f"{flag(name)} and --sweep {flag(name)[2:]}=... both set {name}; drop one")
     config = PPOConfig(**values).validate()
     if config.async_batch_size and not env_backend.has_async:
         raise ConfigError(
@@ -67,8 +70,8 @@ def plan_new(args: argparse.Namespace) -> Plan:
     """The checked plan of a new run: its config and env (nothing is written; the run directory is checked by
     the process that writes it, ``check_run_dirs``)."""
     config = config_from_args(args)
-    if args.track and config.num_seeds > 1:
-        raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds}")
+    if args.track and config.num_agents > 1:
+        raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds} and --sweep")
     run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
     return Plan(config, run_dir)
 
@@ -76,7 +79,7 @@ def plan_new(args: argparse.Namespace) -> Plan:
 def check_run_dirs(plan: Plan, overwrite: bool) -> None:
     """Every directory a new run writes may be written (nothing is written or created here)."""
     check_new_run_dir(plan.run_dir, overwrite)
-    for agent_dir in plan.agent_dirs if plan.config.num_seeds > 1 else []:
+    for agent_dir in plan.agent_dirs if plan.config.num_agents > 1 else []:
         check_new_run_dir(agent_dir, overwrite)
 
 
@@ -99,8 +102,8 @@ def plan_resume(args: argparse.Namespace) -> Plan:
         raise UsageError(f"--resume {run_dir}: no such run directory")
     config = _saved_config(run_dir)
     backend(config.env_backend).spec(config.env_id)
-    if args.track and config.num_seeds > 1:
-        raise UsageError(f"--track logs one run; {run_dir} trains {config.num_seeds} seeds")
+    if args.track and config.num_agents > 1:
+        raise UsageError(f"--track logs one run; {run_dir} trains {config.num_agents} agents")
     path = resolve_checkpoint(run_dir)
     metadata = read_metadata(path)
     check_same_run(path, metadata, config)
@@ -270,7 +273,7 @@ def _load(plan: Plan) -> Any:
 
 def _make_run_dirs(plan: Plan, overwrite: bool) -> None:
     make_run_dir(plan.run_dir, overwrite)
-    if plan.config.num_seeds > 1:
+    if plan.config.num_agents > 1:
         for agent_dir in plan.agent_dirs:
             make_run_dir(agent_dir, overwrite)
         write_json(plan.run_dir / SEEDS_CONFIG, plan.config.to_dict())

@@ -9,10 +9,10 @@ The envs of a run live in segments of ``config.checkpoint_every`` iterations: ea
 afresh and seeded from (seed, first iteration of the segment) alone, so a run restored from a checkpoint at a
 segment boundary goes on exactly as the uninterrupted run did.
 
-With ``config.num_seeds`` S > 1 the program trains S independent agents, with seeds ``seed`` .. ``seed + S - 1``,
-on one pool of ``S * num_envs`` envs: the model, optimizer state, key and episode statistics carry a leading
-``S`` axis, the iteration is ``vmap``-ed over it, and agent s's envs are those of the single-seed run with
-seed ``seed + s``. Agent s computes what that run computes, up to the order in which XLA sums (see README).
+With ``config.num_agents`` A > 1 the program trains A independent agents (``num_seeds`` seeds of each setting of
+``config.sweep``) on one pool of ``A * num_envs`` envs: the model, optimizer state, key and episode statistics
+carry a leading ``A`` axis, the iteration is ``vmap``-ed over it, and agent k's envs are those of the single run
+of ``config.agent_configs()[k]``. Agent k computes what that run computes, up to float rounding (see README).
 """
 
 import concurrent.futures
@@ -32,12 +32,12 @@ from .collect import Collector, async_collector, sync_collector
 from .config import PPOConfig
 from .envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend, segment_env_seeds
 from .iteration import FINITE, Metrics, TrainState, fresh_episodes, make_iteration, make_prime
-from .update import make_optimizer
+from .update import OPTIMIZER_FIELDS, OptimizerFor, make_optimizer
 
 
 def pool_env_seeds(config: PPOConfig, iteration: int) -> list[int]:
-    """Seeds of the ``num_seeds * num_envs`` envs of one pool that play from ``iteration`` on: agent s's
-    ``num_envs`` envs come s-th, with the seeds that the single-seed run with seed ``seed + s`` gives its envs."""
+    """Seeds of the ``num_agents * num_envs`` envs of one pool that play from ``iteration`` on: agent k's
+    ``num_envs`` envs come k-th, with the seeds that its single run (``config.agent_configs()[k]``) gives them."""
     return [s for agent in config.agent_configs() for s in segment_env_seeds(agent.seed, iteration, config.num_envs)]
 
 
@@ -66,7 +66,9 @@ class Placement(Protocol):
     share: EnvShare
 
     def place(self, checkpoint: Checkpoint, collector: Collector) -> TrainState: ...
-    def program(self, config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation) -> Program: ...
+    def program(
+        self, config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation | OptimizerFor
+    ) -> Program: ...
     def checkpoint(self, state: TrainState) -> Checkpoint: ...
 
 
@@ -85,7 +87,7 @@ def _checked(
 class _Jitted:
     """The iteration and the priming of one segment, each one ``eqx.filter_jit`` traced at most once."""
 
-    def __init__(self, config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation):
+    def __init__(self, config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation | OptimizerFor):
         iteration = eqx.debug.assert_max_traces(_checked(make_iteration(config, collector, optimizer)), max_traces=1)
         prime = eqx.debug.assert_max_traces(make_prime(config, collector), max_traces=1)
         self._iteration = eqx.filter_jit(iteration, donate="all")
@@ -111,7 +113,9 @@ class OneDevice:
         carry = collector.carry(fresh_episodes(checkpoint.stats))
         return TrainState(checkpoint.model, checkpoint.opt_state, carry, checkpoint.key, checkpoint.iteration)
 
-    def program(self, config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation) -> Program:
+    def program(
+        self, config: PPOConfig, collector: Collector, optimizer: optax.GradientTransformation | OptimizerFor
+    ) -> Program:
         return _Jitted(config, collector, optimizer)
 
     def checkpoint(self, state: TrainState) -> Checkpoint:
@@ -137,7 +141,7 @@ def make_collector(
         return pool, async_collector(pool, **settings)
     pool = env_backend.make(config.env_id, seeds)
     return pool, sync_collector(
-        pool, num_agents=config.num_seeds, first_env=share.first, total_envs=share.total, **settings
+        pool, num_agents=config.num_agents, first_env=share.first, total_envs=share.total, **settings
     )
 
 
@@ -178,7 +182,10 @@ class Trainer:
         self.config = config.validate()
         self.backend = env_backend or backend(config.env_backend)
         self.placement = placement or OneDevice()
-        self.optimizer = make_optimizer(config)
+        # One optimizer, or each agent's of a sweep that varies the optimizer's settings.
+        self.optimizer: optax.GradientTransformation | OptimizerFor = (
+            make_optimizer if set(config.agent_values()) & set(OPTIMIZER_FIELDS) else make_optimizer(config)
+        )
         self.iteration = 0 if restore is None else int(restore.iteration)
         self._segment = self._make_segment(self.iteration)
         self.spec: EnvSpec = self._segment.pool.spec
@@ -274,10 +281,10 @@ def run(trainer: Trainer, *, num_iterations: int | None = None) -> Iterator[dict
     """The host loop over ``trainer.step()``; stops after ``config.num_iterations`` in all.
 
     Raises NonFiniteError (naming the iteration) instead of yielding an iteration whose loss or parameters
-    are NaN or inf. For a single seed; ``run_seeds`` yields every agent's records.
+    are NaN or inf. For a single agent; ``run_seeds`` yields every agent's records.
     """
-    if trainer.config.num_seeds != 1:
-        raise ValueError(f"run() is for one seed; use run_seeds() for num_seeds={trainer.config.num_seeds}")
+    if trainer.config.num_agents != 1:
+        raise ValueError(f"run() is for one agent; use run_seeds() for num_agents={trainer.config.num_agents}")
     for records in run_seeds(trainer, num_iterations=num_iterations):
         yield records[0]
 
@@ -285,7 +292,7 @@ def run(trainer: Trainer, *, num_iterations: int | None = None) -> Iterator[dict
 def agent_records(config: PPOConfig, iteration: int, metrics: dict[str, Any], seconds: float) -> list[dict[str, Any]]:
     """One host-side record per agent of an iteration's (fetched) metrics; ``seconds`` the iteration took."""
     records = []
-    for agent in range(config.num_seeds):
+    for agent in range(config.num_agents):
         record: dict[str, Any] = {"iteration": iteration, "global_step": iteration * config.batch_size}
         record["sps"] = config.batch_size / seconds
         record.update({name: float(np.reshape(value, -1)[agent]) for name, value in metrics.items()})
@@ -296,7 +303,7 @@ def agent_records(config: PPOConfig, iteration: int, metrics: dict[str, Any], se
 def run_seeds(
     trainer: Trainer, *, num_iterations: int | None = None, pause: Callable[[int], bool] | None = None
 ) -> Iterator[list[dict[str, float]]]:
-    """``run`` for ``num_seeds`` agents: one record per agent and iteration, each as a single-seed run's.
+    """``run`` for ``num_agents`` agents: one record per agent and iteration, each as a single run's.
 
     An agent's ``global_step`` and ``sps`` count its own ``num_envs * num_steps`` steps per iteration.
 
@@ -325,9 +332,10 @@ def run_seeds(
 
 
 def _check_finite(config: PPOConfig, iteration: int, records: list[dict[str, Any]], finite: bool) -> None:
+    names = config.agent_names()
     for agent, record in enumerate(records):
         if not math.isfinite(record["loss"]):
-            which = f" of seed {config.seed + agent}" if config.num_seeds > 1 else ""
+            which = f" of agent {names[agent]}" if config.num_agents > 1 else ""
             raise NonFiniteError(f"the loss{which} is {record['loss']} at iteration {iteration}", record, records)
     if not finite:
         raise NonFiniteError(f"the parameters are not finite after iteration {iteration}", records[0], records)

@@ -14,6 +14,7 @@ from types import FrameType
 from typing import Any
 
 from .cli import RunError
+from .config import PPOConfig
 from .rundir import METRICS, SUMMARY, truncate_metrics
 from .session import Plan, any_process
 
@@ -113,7 +114,7 @@ class TrainingRun:
         devices = "" if self.mesh is None else f" ({self.mesh.size} devices, {jax.process_count()} processes)"
         self.say(
             f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps"
-            f"{f' x {config.num_seeds} seeds' if config.num_seeds > 1 else ''}, "
+            f"{_agents(config)}, "
             f"run directory {plan.run_dir}, jax {jax.__version__} on {jax.default_backend()}{devices}"
         )
         hardware = hardware_info()
@@ -219,7 +220,7 @@ class TrainingRun:
     def _show(self, bar: Any, records: list[dict[str, Any]]) -> None:
         # Progress counts every agent's steps; the return shown is the mean over agents.
         config, record = self.config, records[0]
-        sps = record["sps"] * config.num_seeds
+        sps = record["sps"] * config.num_agents
         bar.update(config.batch_size)
         bar.set_postfix(sps=f"{sps:.0f}", ret=f"{_mean_return(records):.1f}")
         if self.args.no_progress and self.writes:
@@ -293,10 +294,9 @@ class TrainingRun:
         self._check_threads()
         for writer, record in zip(self.writers, records, strict=bool(self.writers)):
             writer.finish({key: record.get(key) for key in ("global_step", "time_elapsed", "episodic_return")})
-        seeds = f" x {config.num_seeds} seeds" if config.num_seeds > 1 else ""
         record = records[0]
         self.say(
-            f"ppo-eqx: done, {record['global_step']} steps{seeds} in {record['time_elapsed']:.0f} s, "
+            f"ppo-eqx: done, {record['global_step']} steps{_agents(config)} in {record['time_elapsed']:.0f} s, "
             f"episodic_return {_mean_return(records):.2f}"
         )
         return 0
@@ -307,3 +307,10 @@ class TrainingRun:
         for writer in self.writers:
             with contextlib.suppress(OSError):
                 writer.close()
+
+
+def _agents(config: PPOConfig) -> str:
+    """`` x 2 seeds``, `` x 4 settings x 2 seeds``, or nothing for one agent."""
+    settings = f" x {len(config.settings)} settings" if config.sweep else ""
+    seeds = f" x {config.num_seeds} seeds" if config.num_seeds > 1 else ""
+    return settings + seeds

@@ -1,12 +1,13 @@
 """The PPO update: shuffle the batch each epoch, split it into minibatches, one Adam step per minibatch."""
 
+import dataclasses
 from collections.abc import Callable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from ._types import Batch, LossInfo
 from .config import PPOConfig
@@ -15,14 +16,18 @@ from .networks import ActorCritic
 
 
 def learning_rate_schedule(config: PPOConfig) -> optax.Schedule:
-    """CleanRL's linear annealing: constant within an iteration, from ``learning_rate`` towards 0."""
+    """CleanRL's linear annealing: constant within an iteration, from ``learning_rate`` towards 0.
+
+    ``learning_rate`` and ``anneal_lr`` may be arrays (one agent's values in a sweep, ``PPOConfig.sweep``)."""
     steps_per_iteration = config.num_minibatches * config.update_epochs
 
     def schedule(count: Int[ArrayLike, ""]) -> Float[ArrayLike, ""]:
         frac = 1.0 - (jnp.asarray(count) // steps_per_iteration) / config.num_iterations
+        if not isinstance(config.anneal_lr, bool):
+            frac = jnp.where(config.anneal_lr, frac, 1.0)
         return config.learning_rate * frac
 
-    return schedule if config.anneal_lr else optax.constant_schedule(config.learning_rate)
+    return schedule if config.anneal_lr is not False else optax.constant_schedule(config.learning_rate)
 
 
 def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
@@ -31,6 +36,26 @@ def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
         optax.clip_by_global_norm(config.max_grad_norm),
         optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate_schedule(config), eps=1e-5),
     )
+
+
+Hyperparameters = dict[str, Array]
+"""Swept hyperparameters by field name: ``[A]`` arrays over the agents, or one agent's scalars."""
+
+
+def agent_hyperparameters(config: PPOConfig) -> Hyperparameters:
+    """Each swept hyperparameter of ``config`` as an ``[A]`` array over its ``num_agents`` agents (float32, or
+    bool for the flags); ``{}`` without a sweep."""
+    kinds = {field.name: field.type for field in dataclasses.fields(PPOConfig)}
+    return {
+        name: jnp.asarray(values, dtype=jnp.bool_ if kinds[name] is bool else jnp.float32)
+        for name, values in config.agent_values().items()
+    }
+
+
+OptimizerFor = Callable[[PPOConfig], optax.GradientTransformation]
+"""The optimizer of one agent's config (``update.make_optimizer``); its hyperparameters may be arrays."""
+OPTIMIZER_FIELDS = ("learning_rate", "anneal_lr", "max_grad_norm")
+"""The swept fields that ``make_optimizer`` reads."""
 
 
 def current_learning_rate(opt_state: PyTree) -> Float[Array, ""]:
@@ -56,8 +81,8 @@ def params_loss(
     clip_coef: float | Float[Array, ""],
     vf_coef: float | Float[Array, ""],
     ent_coef: float | Float[Array, ""],
-    norm_adv: bool,
-    clip_vloss: bool,
+    norm_adv: bool | Bool[Array, ""],
+    clip_vloss: bool | Bool[Array, ""],
 ) -> LossFn:
     """``model_loss`` as a function of the model's arrays (``static`` is the rest, from ``eqx.partition``), on
     minibatches whose observations are already ``prepare``d."""
@@ -125,8 +150,8 @@ def update(
     clip_coef: float | Float[Array, ""],
     vf_coef: float | Float[Array, ""],
     ent_coef: float | Float[Array, ""],
-    norm_adv: bool = True,
-    clip_vloss: bool = False,
+    norm_adv: bool | Bool[Array, ""] = True,
+    clip_vloss: bool | Bool[Array, ""] = False,
     unroll: int = 1,
     key: PRNGKeyArray,
 ) -> tuple[ActorCritic, PyTree, LossInfo]:

@@ -87,6 +87,9 @@ def must_not_start(monkeypatch):
 #                 (Pendulum-v1, Ant-v4: the policy is categorical); choices (conv_impl, env_backend): empty,
 #                 5000 characters, any other word.
 #   bool fields   a value (--anneal-lr=1, --no-anneal-lr=0): argparse's switches take none.
+#   --sweep       no NAME=, no values, an empty value, an unknown name, a name that one program cannot sweep
+#                 (shapes, seeds, the env), a value that does not parse or is out of the field's range, a
+#                 repeated value, one setting in all, a name given twice or also given as its own flag.
 # Run flags:
 #   --run-dir     empty, 5000 characters, a 256-character name, an existing file, a path inside a file, and the
 #                 run's own checkpoints/ (a run inside another run's files, which an --overwrite of that run
@@ -112,6 +115,39 @@ STR_BAD = {
     "env_id": ("", LONG_TEXT, "nan", "0", "cartpole-v1", "Pendulum-v1", "Ant-v4"),
 }
 CHOICE_BAD = ("", LONG_TEXT, "nan", "AUTO")
+SWEEP_BAD = (
+    "",
+    LONG_TEXT,
+    "learning-rate",
+    "learning-rate=",
+    "learning-rate=,",
+    "learning-rate=0.1,",
+    "learning-rate=abc,0.1",
+    f"learning-rate={LONG_DIGITS},0.1",
+    "learning-rate=nan,0.1",
+    "learning-rate=-1,0.1",
+    "learning-rate=1e-39,0.1",
+    "gamma=0.9,1.5",
+    "ent-coef=0.1,1e39",
+    "norm-adv=true,maybe",
+    "norm-adv=1,0",
+    "learning-rate=0.1,0.1",
+    "learning-rate=0.1",
+    "bogus=1,2",
+    f"{LONG_TEXT}=1,2",
+    "num-envs=4,8",
+    "num-steps=64,128",
+    "num-minibatches=2,4",
+    "update-epochs=1,2",
+    "total-timesteps=1024,2048",
+    "seed=1,2",
+    "num-seeds=1,2",
+    "env-id=CartPole-v1,Acrobot-v1",
+    "conv-impl=xla,matmul",
+    "checkpoint-every=1,2",
+    "async-batch-size=0,2",
+    "sweep=1,2",
+)
 
 
 def flag(name: str) -> str:
@@ -140,6 +176,8 @@ def config_cases() -> list[tuple[str, ...]]:
             low, high, _ = FIELD_RANGES[field.name]
             bad = [v for v in FLOAT_RANGE_PROBES if not low <= float(v) <= high]
             cases += [(f"{name}={value}",) for value in (*FLOAT_ALWAYS_BAD, *bad)]
+        elif field.name == "sweep":
+            cases += [(f"--sweep={value}",) for value in SWEEP_BAD]
         else:
             raise AssertionError(f"PPOConfig.{field.name} has a type this table does not know: {field.type}")
     return cases
@@ -184,6 +222,10 @@ COMBINATIONS = [
     ("--async-batch-size=3",),  # does not divide num_envs
     ("--async-batch-size=4",),  # not below num_envs
     ("--num-seeds=2", "--async-batch-size=2"),  # async with several seeds
+    ("--sweep=gamma=0.9,0.99", "--async-batch-size=2"),  # async with several settings
+    ("--sweep=gamma=0.9,0.99", "--sweep=gamma=0.8,0.7"),  # a name given twice
+    ("--gamma=0.9", "--sweep=gamma=0.8,0.7"),  # a name given as its flag too
+    ("--sweep=gamma=0.9,0.99", "--num-seeds=1073741824"),  # transitions per iteration beyond int32
     ("--seed=2147483647", "--num-envs=8"),  # env seeds beyond int32 (EnvPool refuses them)
     ("--seed=2147483645",),  # the last of 4 envs gets seed 2147483648: beyond int32
     ("--num-seeds=2147483647",),  # transitions per iteration beyond int32

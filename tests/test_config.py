@@ -116,6 +116,7 @@ BAD_BY_TYPE: dict[object, list[Any]] = {bool: NOT_BOOLS, int: NOT_INTS, float: N
 BAD_VALUES = [
     pytest.param(name, value, id=f"{name}-{i}")
     for name, field in FIELDS.items()
+    if name != "sweep"  # a structure of values, each checked as its field (tests/test_sweep.py)
     for i, value in enumerate(BAD_BY_TYPE[field.type] + OUT_OF_RANGE.get(name, []))
 ]
 CLEANRLS = list(FIELDS)[: list(FIELDS).index("seed") + 1]
@@ -137,7 +138,7 @@ def test_every_field_refuses_bad_values_naming_the_field(name, value):
 
 def test_every_field_has_a_known_type_a_rule_and_a_one_line_help():
     for name, field in FIELDS.items():
-        assert field.type in (bool, int, float, str), name
+        assert field.type in (bool, int, float, str) or name == "sweep", name
         assert field.type not in (int, float) or name in FIELD_RANGES, name
         help_text = field.metadata["help"]
         assert help_text and "\n" not in help_text, name
@@ -217,6 +218,10 @@ ANYTHING = st.one_of(
 
 def plausible(field: dataclasses.Field) -> st.SearchStrategy[Any]:
     """Values near and inside the field's range, so that many configs pass and the cross-checks run."""
+    if field.name == "sweep":
+        names = st.sampled_from(["learning_rate", "gamma", "norm_adv", "num_envs", "bogus"])
+        values = st.lists(st.one_of(st.booleans(), st.floats(-0.5, 1.5), st.integers(-2, 3)), max_size=3)
+        return st.one_of(st.just(()), st.dictionaries(names, values, max_size=3))
     if field.type is bool:
         return st.booleans()
     if field.type is str:
@@ -237,8 +242,13 @@ def assert_valid_or_refused(values: dict[str, Any]) -> bool:
     except ConfigError as error:
         assert "\n" not in str(error) and "; allowed: " in str(error)
         return False
+    for agent in config.agent_configs() if config.sweep else []:  # every swept value is a valid value too
+        assert_valid_or_refused(agent.to_dict())
     for name, field in FIELDS.items():
         value = getattr(config, name)
+        if name == "sweep":
+            assert isinstance(value, tuple) and all(isinstance(values, tuple) for _, values in value)
+            continue
         assert isinstance(value, INSTANCE_OF[field.type]) and (field.type is bool or not isinstance(value, bool)), name
         if field.type is int:
             assert -(2**31) <= value <= INT32_MAX, name

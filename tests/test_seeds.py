@@ -144,4 +144,6 @@ def test_a_two_seed_run_resumes_from_its_stacked_checkpoint(tmp_path, capsys):
     assert final(resumed) == final(whole)
 
     assert main(["eval", str(whole)]) == 2
-    assert "holds the 2 agents of a --num-seeds run" in capsys.readouterr().err
+    assert "holds the 2 agents of a --num-seeds or --sweep run" in capsys.readouterr().err
+    assert main(["eval", str(whole / "seed2"), "--episodes", "1"]) == 0
+    assert json.loads((whole / "seed2" / "eval.json").read_text())["agent"] == "seed2"
