@@ -5,7 +5,9 @@
 Reads every run directory (one holding config.json) at or under the given paths, and writes
 OUT/report.md, OUT/report.json and PNG/SVG plots. The reference tables ship with the project
 (ppo_eqx_bench/data/, sources and licences in its README.md); games without a reference (CartPole-v1, a
-vector task) are reported without those columns. The computations live in the ppo_eqx_bench package.
+vector task) are reported without those columns. A game run with several settings (``ppo-eqx train --sweep``:
+RUN/SETTING/seedK/) also gets a table of its settings and a plot of the final return against each swept
+field. The computations live in the ppo_eqx_bench package.
 """
 
 import argparse

@@ -4,9 +4,9 @@ Installed beside ``ppo_eqx``, whose core never imports it; the plots need the ``
 
     atari_games  the 57 games (ATARI_57)
     anchors      the reference tables shipped in data/ (CleanRL's 10M-step results; random and human scores)
-    runs         reading run directories
+    runs         reading run directories; a run's setting (what a sweep varies)
     stats        the numbers: HNS, IQM, bootstrap intervals, final returns, projected minutes
-    tables       per-game rows and aggregates (build_report)
+    tables       per-game rows, aggregates and a sweep's per-setting rows (build_report)
     render       report.md and report.json
     plots        the figures (matplotlib)
     report       write_report: all of the above, into one directory

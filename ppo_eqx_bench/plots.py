@@ -1,4 +1,5 @@
-"""The report's figures, as PNG and SVG: learning curves, runtime bars, aggregate human-normalised scores.
+"""The report's figures, as PNG and SVG: learning curves, runtime bars, aggregate human-normalised scores and,
+for a sweep, the final return against each swept field.
 
 Imports matplotlib (the ``[bench]`` extra) at its top: ``report.write_report`` imports this module only when
 asked for plots, so that the numbers need no plotting library.
@@ -6,14 +7,23 @@ asked for plots, so that the numbers need no plotting library.
 
 import math
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from .render import AGGREGATE_NAMES
+from .render import AGGREGATE_NAMES, setting_label, setting_value_text
+from .runs import value_key
 from .stats import AGGREGATES, NAN
-from .tables import GameRow, Report
+from .tables import GameRow, GameSettings, Report, SettingRow
+
+LOG_SPAN = 10.0
+"""A swept field's axis is logarithmic when all its values are > 0 and the largest is more than this times the
+smallest (learning rates)."""
 
 
 def _save(figure: Figure, out_dir: Path, name: str) -> list[Path]:
@@ -30,13 +40,20 @@ def _learning_curves(report: Report, rows: list[GameRow], x_axis: str) -> Figure
     figure = Figure(figsize=(4.0 * columns, 3.0 * grid_rows), layout="constrained")
     axes = figure.subplots(grid_rows, columns, squeeze=False).ravel()
     runs_by_dir = {run.run_dir: run for run in report.runs}
+    settings_by_dir = {
+        run_dir: setting_label(setting.values)
+        for game in report.settings
+        for setting in game.settings
+        for run_dir in setting.run_dirs
+    }
     for ax, row in zip(axes, rows, strict=False):
         for seed, run_dir in zip(row.seeds, row.run_dirs, strict=True):
             run = runs_by_dir[run_dir]
             finite = np.isfinite(run.episodic_return)
             x = run.global_step / 1e6 if x_axis == "steps" else run.time_elapsed / 60.0
             marker = "." if finite.sum() < 3 else None
-            ax.plot(x[finite], run.episodic_return[finite], marker=marker, label=f"seed {seed}")
+            label = f"{settings_by_dir[run_dir]}, seed {seed}" if run_dir in settings_by_dir else f"seed {seed}"
+            ax.plot(x[finite], run.episodic_return[finite], marker=marker, label=label)
         if row.anchor and math.isfinite(row.anchor.cleanrl_return_mean):
             ax.axhline(row.anchor.cleanrl_return_mean, color="gray", linestyle="--", label="CleanRL, 10M")
         ax.set_title(row.env_id)
@@ -106,9 +123,86 @@ def _aggregate_hns(report: Report) -> Figure:
     return figure
 
 
+def _sweep_axis(values: Sequence[Any]) -> tuple[list[float], list[str] | None, bool]:
+    """x positions of a swept field's values, the category labels of positions 0, 1, ... (None for a number
+    axis), and whether the axis is logarithmic. Bools are the categories false, true; numbers are themselves;
+    anything else is a category, in sorted order."""
+    if all(isinstance(value, bool) for value in values):
+        return [float(value) for value in values], ["false", "true"], False
+    if all(isinstance(value, int | float) and not isinstance(value, bool) for value in values):
+        positions = [float(value) for value in values]
+        log = min(positions) > 0 and max(positions) > LOG_SPAN * min(positions)
+        return positions, None, log
+    texts = sorted({setting_value_text(value) for value in values})
+    return [float(texts.index(setting_value_text(value))) for value in values], texts, False
+
+
+def _sweep_panel(ax: Axes, game: GameSettings, field: str) -> None:
+    """One line per combination of the other fields' values: the mean final return over seeds, its interval
+    over seeds as a vertical bar, and each seed's final return as a dot."""
+    others = [name for name in game.fields if name != field]
+    positions, categories, log = _sweep_axis([setting.values[field] for setting in game.settings])
+    lines: dict[str, list[tuple[float, SettingRow]]] = {}
+    for x, setting in zip(positions, game.settings, strict=True):
+        lines.setdefault(value_key([setting.values[name] for name in others]), []).append((x, setting))
+    for number, points in enumerate(lines.values()):
+        points.sort(key=lambda point: point[0])
+        color = f"C{number % 10}"
+        label = setting_label({name: points[0][1].values[name] for name in others}) or None
+        means = [(x, setting.return_mean) for x, setting in points if math.isfinite(setting.return_mean)]
+        if means:
+            ax.plot(*zip(*means, strict=True), marker="o", color=color, label=label)
+        for x, setting in points:
+            low, high = setting.return_interval
+            # A percentile interval need not contain the mean, so no errorbar (it refuses that).
+            if math.isfinite(low):
+                ax.plot([x, x], [low, high], color=color, linewidth=2, alpha=0.6)
+            seeds = [value for value in setting.final_returns if math.isfinite(value)]
+            ax.plot([x] * len(seeds), seeds, ".", color=color, alpha=0.5)
+    if log:
+        ax.set_xscale("log")
+    if categories is not None:
+        ax.set_xticks(range(len(categories)), categories)
+        ax.set_xlim(-0.5, len(categories) - 0.5)
+    else:  # a tick at each swept value, labelled as the flags write it
+        values = sorted(
+            {
+                (x, setting_value_text(setting.values[field]))
+                for x, setting in zip(positions, game.settings, strict=True)
+            }
+        )
+        ax.set_xticks([x for x, _ in values], [text for _, text in values], rotation=30 if len(values) > 4 else 0)
+        ax.minorticks_off()
+    ax.set_title(game.env_id)
+    ax.set_xlabel(field)
+    ax.set_ylabel("final return")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="x-small")
+
+
+def _sweep_figure(games: Sequence[GameSettings], field: str) -> Figure:
+    """One panel per game that swept ``field``."""
+    columns = min(4, len(games))
+    grid_rows = math.ceil(len(games) / columns)
+    figure = Figure(figsize=(max(6.0, 4.5 * columns), 1.0 + 3.2 * grid_rows), layout="constrained")
+    axes = figure.subplots(grid_rows, columns, squeeze=False).ravel()
+    for ax, game in zip(axes, games, strict=False):
+        _sweep_panel(ax, game, field)
+    for ax in axes[len(games) :]:
+        ax.set_visible(False)
+    figure.suptitle(f"Final return against {field}\nline: mean over seeds; bar: interval over seeds; dots: seeds")
+    return figure
+
+
+def sweep_plot_name(field: str) -> str:
+    """The file name (without suffix) of the plot of a swept field: ``sweep_<field>``."""
+    return "sweep_" + re.sub(r"[^A-Za-z0-9_.-]", "_", field)
+
+
 def write_plots(report: Report, out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Learning curves (vs steps and vs minutes), runtime bars and, when any game has an HNS, the aggregate
-    HNS, each as PNG and SVG. Returns the written paths; none when there is no run."""
+    """Learning curves (vs steps and vs minutes), runtime bars, when any game has an HNS the aggregate HNS,
+    and one plot per swept field (``sweep_plot_name``), each as PNG and SVG. Returns the written paths; none
+    when there is no run."""
     out_dir = Path(out_dir)
     rows = [row for row in report.rows if not row.missing]
     if not rows:
@@ -119,4 +213,8 @@ def write_plots(report: Report, out_dir: str | os.PathLike[str]) -> list[Path]:
     written += _save(_runtime_bars(report, rows), out_dir, "runtime")
     if report.aggregates.games:
         written += _save(_aggregate_hns(report), out_dir, "aggregate_hns")
+    fields = dict.fromkeys(field for game in report.settings for field in game.fields)
+    for field in fields:
+        games = [game for game in report.settings if field in game.fields]
+        written += _save(_sweep_figure(games, field), out_dir, sweep_plot_name(field))
     return written

@@ -1,19 +1,20 @@
 """The report as Markdown (report.md) and as strict JSON (report.json).
 
 Columns and sections of the reference (CleanRL, PPO2, human-normalised scores) appear only when some game
-of the report has one: a report of CartPole runs holds ppo_eqx's own numbers alone.
+of the report has one: a report of CartPole runs holds ppo_eqx's own numbers alone. The Settings section
+appears only when some game was run with more than one setting (a sweep).
 """
 
 import dataclasses
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .runs import Run
+from .runs import NOT_SETTING_FIELDS, Run
 from .stats import AGGREGATES, FINAL_FRACTION
-from .tables import GameRow, Report
+from .tables import GameRow, GameSettings, Report, SettingRow
 
 AGGREGATE_NAMES = {"median": "Median", "iqm": "IQM", "mean": "Mean"}
 MISSING = "missing"
@@ -113,6 +114,48 @@ def _returns_section(report: Report) -> list[str]:
     return ["## Final episodic returns", "", text, ""] + _table(header, cells) + [""]
 
 
+def setting_value_text(value: Any) -> str:
+    """A setting's value as the flags write it: strings as they are, anything else as JSON (true, 0.001)."""
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def setting_label(values: Mapping[str, Any]) -> str:
+    """``name=value, ...`` of a setting's values; empty for none."""
+    return ", ".join(f"{name}={setting_value_text(value)}" for name, value in values.items())
+
+
+def _setting_cells(game: GameSettings, setting: SettingRow) -> list[str]:
+    low, high = setting.return_interval
+    finished = setting.finished_seeds
+    ours = _number(setting.return_mean) if finished else "no finished episode"
+    if math.isfinite(low):
+        ours += f" [{low:,.1f}, {high:,.1f}]"
+    if 0 < finished < len(setting.seeds):
+        ours += f" ({finished} of {len(setting.seeds)} seeds finished an episode)"
+    values = [setting_value_text(setting.values[name]) for name in game.fields]
+    return [*values, str(len(setting.seeds)), ours, _steps(setting.steps_mean)]
+
+
+def _settings_section(report: Report) -> list[str]:
+    if not report.settings:
+        return []
+    ignored = ", ".join(f"`{name}`" for name in NOT_SETTING_FIELDS)
+    text = (
+        f"Games run with more than one setting (a sweep): runs whose configs are equal but for {ignored} are the "
+        "seeds of one setting; a field that an older config lacks takes its default. One row per setting, with "
+        "the fields whose values differ between the game's settings. Final return: the mean over the seeds that "
+        f"finished an episode of each run's final return (as above), with the {report.confidence:.0%} percentile "
+        f"interval of a bootstrap resampling those seeds ({report.num_resamples} resamples, RNG seed "
+        f"{report.bootstrap_seed}; none with fewer than two). The tables above pool all settings of a game."
+    )
+    lines = ["## Settings", "", text, ""]
+    for game in report.settings:
+        header = [*game.fields, "Seeds", f"Final return (mean [{report.confidence:.0%} CI])", "Steps (mean)"]
+        lines += [f"### {game.env_id}", ""]
+        lines += _table(header, [_setting_cells(game, setting) for setting in game.settings]) + [""]
+    return lines
+
+
 def _hns_aggregate_table(report: Report) -> list[str]:
     aggregates = report.aggregates
     same, all_count = aggregates.anchor_game_counts.get("same", 0), aggregates.anchor_game_counts.get("all", 0)
@@ -207,7 +250,7 @@ def render_markdown(report: Report, plots: Sequence[Path] = ()) -> str:
         f'a value that cannot be computed "{NOT_AVAILABLE}".',
         "",
     ]
-    lines += _runtime_section(report) + _returns_section(report) + _hns_section(report)
+    lines += _runtime_section(report) + _returns_section(report) + _settings_section(report) + _hns_section(report)
     lines += ["## Plots", ""]
     if plots:
         lines += [f"![{plot.stem}]({plot.as_posix()})" for plot in plots if plot.suffix == ".png"]
@@ -261,8 +304,26 @@ def _game_json(row: GameRow) -> dict[str, Any]:
     }
 
 
+def _settings_json(game: GameSettings) -> dict[str, Any]:
+    settings = [
+        {
+            "values": dict(setting.values),
+            "seeds": setting.seeds,
+            "run_dirs": setting.run_dirs,
+            "steps": setting.steps,
+            "steps_mean": setting.steps_mean,
+            "final_returns": setting.final_returns,
+            "return_mean": setting.return_mean,
+            "return_interval": setting.return_interval,
+        }
+        for setting in game.settings
+    ]
+    return {"env_id": game.env_id, "fields": game.fields, "settings": settings}
+
+
 def report_to_json(report: Report) -> dict[str, Any]:
-    """The numbers of the report (NaN as null); per-game values per seed and as shown in the tables."""
+    """The numbers of the report (NaN as null); per-game values per seed and as shown in the tables; under
+    "settings", the games run with more than one setting (empty when none was)."""
     aggregates = report.aggregates
     return _json_safe(
         {
@@ -278,6 +339,7 @@ def report_to_json(report: Report) -> dict[str, Any]:
                 "bootstrap_seed": report.bootstrap_seed,
                 "confidence": report.confidence,
             },
+            "settings": [_settings_json(game) for game in report.settings],
             "skipped": [{"path": item.path, "reason": item.reason} for item in report.skipped],
         }
     )

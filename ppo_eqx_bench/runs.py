@@ -3,7 +3,10 @@
 A run directory holds ``config.json``, ``metrics.jsonl``, ``hardware.json`` and, once finished,
 ``summary.json`` (the names are ``ppo_eqx.rundir``'s). Anything unusable is skipped with a reason, never
 fatal. A ``--num-seeds`` run's own directory holds ``seeds.json`` and no run files: its ``seedK/``
-directories are the runs.
+directories are the runs; under a ``--sweep`` they are ``SETTING/seedK/``, one folder per setting.
+
+A run's *setting* is its config but for ``NOT_SETTING_FIELDS``: runs of one game with equal settings are
+seeds of one experiment, runs with different ones (a sweep's) are compared setting by setting.
 """
 
 import dataclasses
@@ -16,11 +19,16 @@ from typing import Any, TypeGuard
 import numpy as np
 
 from ppo_eqx import rundir
+from ppo_eqx.config import PPOConfig
 from ppo_eqx.rundir import RunDirError
 
 NAN = float("nan")
 READ_FILES = (rundir.CONFIG, rundir.METRICS, rundir.SUMMARY, rundir.HARDWARE)
 """The files the report reads; a directory holding any of them is a run directory."""
+NOT_SETTING_FIELDS = ("seed", "num_seeds", "sweep", "conv_impl", "minibatch_unroll")
+"""Config fields that do not tell settings apart: the seed; how many agents one program trained and what it
+swept (an agent's config says 1 and no sweep; older configs have no ``sweep``); how the convolutions and the
+minibatch loop are computed (the same numbers within float32 rounding)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +63,11 @@ class Run:
     def final_seconds(self) -> float:
         value = (self.summary or {}).get("time_elapsed")
         return float(value) if _is_number(value) else float(self.time_elapsed[-1])
+
+    @property
+    def setting(self) -> str:
+        """The run's setting as a canonical string (``setting_key``): equal for the seeds of one setting."""
+        return setting_key(self.config)
 
     @property
     def batch_size(self) -> int:
@@ -163,6 +176,44 @@ def load_run(run_dir: str | os.PathLike[str], *, include_unfinished: bool = Fals
     return Run(run_dir, env_id, seed, config, global_step, episodic_return, time_elapsed, hardware, summary)
 
 
+def _config_defaults() -> dict[str, Any]:
+    defaults = {}
+    for field in dataclasses.fields(PPOConfig):
+        if field.default is not dataclasses.MISSING:
+            defaults[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            defaults[field.name] = field.default_factory()
+    return defaults
+
+
+def setting_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The fields of ``config`` that make its setting: all but ``NOT_SETTING_FIELDS``, a PPOConfig field that
+    ``config`` lacks (written before the field existed) taking its default. PPOConfig's fields first, in order."""
+    values = {**_config_defaults(), **config}
+    return {name: value for name, value in values.items() if name not in NOT_SETTING_FIELDS}
+
+
+def _canonical(value: Any) -> Any:
+    """JSON-like ``value`` with every number a float, so that 0 and 0.0 (equal settings) compare equal."""
+    if _is_number(value):
+        return float(value)
+    if isinstance(value, dict):
+        return {str(key): _canonical(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_canonical(item) for item in value]
+    return value
+
+
+def value_key(value: Any) -> str:
+    """A config value as canonical JSON (keys sorted, numbers as floats): equal exactly when the values are."""
+    return json.dumps(_canonical(value), sort_keys=True, default=str)
+
+
+def setting_key(config: dict[str, Any]) -> str:
+    """``setting_config(config)`` as canonical JSON (``value_key``): equal exactly when the settings are."""
+    return value_key(setting_config(config))
+
+
 def find_run_dirs(path: str | os.PathLike[str]) -> list[Path]:
     """Directories at or under ``path`` that hold any of ``READ_FILES``.
 
@@ -183,12 +234,13 @@ def collect_runs(
 ) -> tuple[list[Run], list[SkippedRun]]:
     """Every usable run under ``paths``, and every directory that was not usable with its reason.
 
-    A second run of the same (env_id, seed) is skipped as a duplicate so that no seed counts twice.
+    A second run of the same (env_id, setting, seed) is skipped as a duplicate so that no seed counts twice;
+    the runs of a sweep share their seeds, one per setting.
     """
     runs: list[Run] = []
     skipped: list[SkippedRun] = []
     seen_dirs: set[Path] = set()
-    seen_runs: dict[tuple[str, int], Path] = {}
+    seen_runs: dict[tuple[str, str, int], Path] = {}
     for path in map(Path, paths):
         if not path.exists():
             skipped.append(SkippedRun(path, "does not exist"))
@@ -205,7 +257,7 @@ def collect_runs(
             except RunDirError as error:
                 skipped.append(SkippedRun(run_dir, str(error)))
                 continue
-            key = (run.env_id, run.seed)
+            key = (run.env_id, run.setting, run.seed)
             if key in seen_runs:
                 skipped.append(SkippedRun(run_dir, f"duplicate of {run.env_id} seed {run.seed} in {seen_runs[key]}"))
                 continue

@@ -9,6 +9,9 @@ Pure NumPy functions of per-seed scores and per-iteration logs. Conventions:
   resamples seeds within each game. Unlike rliable, games may have different numbers of seeds (a sweep
   under way). On equal seed counts the point values equal rliable 1.2.0's and the intervals agree with its
   ``get_interval_estimates`` to Monte Carlo error.
+- *Interval over seeds* of one setting's mean final return (a sweep's table): the same bootstrap with that
+  setting as the one game, so the percentile interval of the mean of its seeds resampled; none (NaN) with
+  fewer than two finite returns.
 - *Final return* of a run: the mean of ``episodic_return`` over the last 10% of iterations (rounded up, at
   least one), ignoring iterations in which no episode finished (NaN); when none of those finished an
   episode, the last finite value; NaN when no episode ever finished.
@@ -109,6 +112,26 @@ def stratified_bootstrap_ci(
         low, high = np.percentile(values, [tail, 100.0 - tail])
         intervals[name] = (float(low), float(high))
     return intervals
+
+
+def seed_interval(
+    values: Numbers,
+    *,
+    num_resamples: int = NUM_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float]:
+    """Percentile interval of the mean of the finite ``values`` (one per seed) under a bootstrap of the seeds.
+
+    ``stratified_bootstrap_ci`` with one game; (NaN, NaN) with fewer than two finite values, where resampling
+    cannot show any spread.
+    """
+    array = np.asarray(values, dtype=np.float64).ravel()
+    finite = array[np.isfinite(array)]
+    if finite.size < 2:
+        return NAN, NAN
+    intervals = stratified_bootstrap_ci([finite], num_resamples=num_resamples, confidence=confidence, seed=seed)
+    return intervals["mean"]
 
 
 def final_return(episodic_return: Numbers, fraction: float = FINAL_FRACTION) -> float:

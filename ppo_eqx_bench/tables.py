@@ -1,19 +1,23 @@
-"""What the report says, before it is rendered: one row per game, and the HNS aggregates.
+"""What the report says, before it is rendered: one row per game, the HNS aggregates, and a sweep's settings.
 
 Which games have rows: every game run; when any run is of a reference game (or none ran at all), every
 reference game too, reading "missing" where not run. A report of other tasks only (CartPole-v1, a vector
 task) therefore lists just those, with no reference to compare against.
+
+A game's row pools all its runs. When they have more than one setting (``runs.setting_config``: a sweep),
+the game also gets one ``SettingRow`` per setting, in ``Report.settings``.
 """
 
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .anchors import Anchor, HumanRandom
-from .runs import Run, SkippedRun
+from .runs import Run, SkippedRun, setting_config, value_key
 from .stats import (
     AGGREGATES,
     BOOTSTRAP_SEED,
@@ -28,6 +32,7 @@ from .stats import (
     mean_std,
     project_minutes,
     ratio,
+    seed_interval,
     stratified_bootstrap_ci,
 )
 
@@ -126,6 +131,44 @@ class Aggregates:
 
 
 @dataclasses.dataclass(frozen=True)
+class SettingRow:
+    """The runs of one game with one setting. values: this setting's value of each field that tells the game's
+    settings apart (None where its config has no such field). Per-seed tuples are in ``seeds`` order.
+
+    return_mean: the mean final return over the seeds that finished an episode; return_interval: its interval
+    over seeds (``stats.seed_interval``; NaN with fewer than two such seeds).
+    """
+
+    env_id: str
+    values: Mapping[str, Any]
+    seeds: tuple[int, ...]
+    run_dirs: tuple[Path, ...]
+    steps: tuple[int, ...]
+    final_returns: tuple[float, ...]
+    return_mean: float
+    return_interval: tuple[float, float]
+
+    @property
+    def finished_seeds(self) -> int:
+        """How many seeds finished an episode (have a finite final return)."""
+        return sum(math.isfinite(value) for value in self.final_returns)
+
+    @property
+    def steps_mean(self) -> float:
+        return mean_if_all_finite([float(steps) for steps in self.steps])
+
+
+@dataclasses.dataclass(frozen=True)
+class GameSettings:
+    """A game run with more than one setting. fields: the config fields whose values differ between its
+    settings (PPOConfig's order); settings: one row per setting, ordered by those values."""
+
+    env_id: str
+    fields: tuple[str, ...]
+    settings: tuple[SettingRow, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class Report:
     rows: tuple[GameRow, ...]
     runs: tuple[Run, ...]
@@ -135,6 +178,8 @@ class Report:
     num_resamples: int
     bootstrap_seed: int
     confidence: float
+    settings: tuple[GameSettings, ...] = ()
+    """Only the games with more than one setting; empty when every game has one."""
 
     def row(self, env_id: str) -> GameRow:
         return next(row for row in self.rows if row.env_id == env_id)
@@ -198,6 +243,73 @@ def _aggregates(rows: Sequence[GameRow], *, num_resamples: int, confidence: floa
     return Aggregates(tuple(row.env_id for row in scored), point, interval, anchor_values, anchor_counts)
 
 
+def _value_order(value: Any) -> tuple[int, Any]:
+    """Sort key of setting values: numbers and bools by value, then strings, then anything else by its JSON."""
+    if isinstance(value, bool | int | float):
+        return 0, float(value)
+    if isinstance(value, str):
+        return 1, value
+    return 2, value_key(value)
+
+
+def _setting_row(
+    env_id: str, runs: Sequence[Run], values: dict[str, Any], *, num_resamples: int, confidence: float, seed: int
+) -> SettingRow:
+    runs = sorted(runs, key=lambda run: run.seed)
+    returns = tuple(final_return(run.episodic_return) for run in runs)
+    mean, _, _ = mean_std(returns)
+    interval = seed_interval(returns, num_resamples=num_resamples, confidence=confidence, seed=seed)
+    return SettingRow(
+        env_id=env_id,
+        values=values,
+        seeds=tuple(run.seed for run in runs),
+        run_dirs=tuple(run.run_dir for run in runs),
+        steps=tuple(run.final_step for run in runs),
+        final_returns=returns,
+        return_mean=mean,
+        return_interval=interval,
+    )
+
+
+def group_settings(
+    runs: Sequence[Run],
+    *,
+    num_resamples: int = NUM_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+) -> tuple[GameSettings, ...]:
+    """The games (sorted by env_id) whose runs have more than one setting, each with a row per setting.
+
+    Runs of one game with equal ``Run.setting`` are one setting's seeds. The fields shown are those whose value
+    differs between the game's settings (a field absent from some configs and not a PPOConfig field counts as
+    None). Settings are ordered by those values, the first field slowest.
+    """
+    by_game: dict[str, dict[str, list[Run]]] = {}
+    for run in runs:
+        by_game.setdefault(run.env_id, {}).setdefault(run.setting, []).append(run)
+    games = []
+    for env_id, by_setting in sorted(by_game.items()):
+        if len(by_setting) < 2:
+            continue
+        configs = {key: setting_config(group[0].config) for key, group in by_setting.items()}
+        names = list(dict.fromkeys(name for config in configs.values() for name in config))
+        fields = tuple(name for name in names if len({value_key(config.get(name)) for config in configs.values()}) > 1)
+        rows = [
+            _setting_row(
+                env_id,
+                group,
+                {name: configs[key].get(name) for name in fields},
+                num_resamples=num_resamples,
+                confidence=confidence,
+                seed=bootstrap_seed,
+            )
+            for key, group in by_setting.items()
+        ]
+        rows.sort(key=lambda row: [_value_order(row.values[name]) for name in fields])
+        games.append(GameSettings(env_id, fields, tuple(rows)))
+    return tuple(games)
+
+
 def build_report(
     runs: Sequence[Run],
     skipped: Sequence[SkippedRun],
@@ -209,7 +321,8 @@ def build_report(
     bootstrap_seed: int = BOOTSTRAP_SEED,
     confidence: float = CONFIDENCE,
 ) -> Report:
-    """Per-game rows sorted by env_id (which games: see the module's docstring), and the HNS aggregates."""
+    """Per-game rows sorted by env_id (which games: see the module's docstring), the HNS aggregates, and the
+    settings of the games run with more than one (``group_settings``)."""
     by_game: dict[str, list[Run]] = {}
     for run in runs:
         by_game.setdefault(run.env_id, []).append(run)
@@ -227,4 +340,7 @@ def build_report(
         num_resamples=num_resamples,
         bootstrap_seed=bootstrap_seed,
         confidence=confidence,
+        settings=group_settings(
+            runs, num_resamples=num_resamples, confidence=confidence, bootstrap_seed=bootstrap_seed
+        ),
     )
