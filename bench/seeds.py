@@ -1,10 +1,12 @@
-"""Many seeds in one program against one process per seed: env steps/s summed over the agents.
+"""Many agents in one program against one process per agent: env steps/s summed over the agents.
 
-Three ways to train S agents (seeds K..K+S-1) of the same config on this machine:
+Three ways to train A agents on this machine, the S seeds K..K+S-1 of the same config, or with ``--sweep`` the
+seeds of each setting of a hyperparameter grid (A = settings x S):
 
-- one process, ``--num-seeds S``: one EnvPool of S x num_envs envs, the iteration vmapped over the agents;
-- S processes one after another (``--num-seeds 1`` each, as a sweep runner would);
-- S processes at once, sharing the CPU.
+- one process, ``--num-seeds S`` (and ``--sweep``): one EnvPool of A x num_envs envs, the iteration vmapped over
+  the agents;
+- A processes one after another (one agent each, as a runner of separate runs would);
+- A processes at once, sharing the CPU.
 
 Each runs in a fresh process: compile, ``--warmup`` iterations, then ``--iterations`` timed ones; each process
 reports the env steps of its timed iterations (all its agents' together) and their seconds. Reported
@@ -15,6 +17,8 @@ compile included) and the env-only ceiling (S x num_envs envs in one pool, rando
 run.
 
     python bench/seeds.py --env-id Breakout-v5 --num-seeds 2 --json bench/results/seeds.json
+    python bench/seeds.py --num-seeds 1 --sweep learning-rate=0.001,0.00025 --sweep ent-coef=0.01,0.02 \
+        --json bench/results/sweep.json
 """
 
 import argparse
@@ -37,13 +41,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-steps", type=int, default=64, help="(default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=1, help="iterations before timing (default: %(default)s)")
     parser.add_argument("--iterations", type=int, default=3, help="timed iterations (default: %(default)s)")
+    parser.add_argument(
+        "--sweep", action="append", default=[], metavar="NAME=V1,V2", help="as ppo-eqx train's (repeatable)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--agent", type=int, default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def config_of(args: argparse.Namespace, seed: int, num_seeds: int):
+    """The config of all the agents (``--sweep`` included)."""
     from ppo_eqx import PPOConfig
+    from ppo_eqx.cli import sweep_item
 
     batch = args.num_envs * args.num_steps
     return PPOConfig(
@@ -54,16 +64,18 @@ def config_of(args: argparse.Namespace, seed: int, num_seeds: int):
         checkpoint_every=10**9,  # one segment of envs: nothing is recompiled while timing
         seed=seed,
         num_seeds=num_seeds,
+        sweep=tuple(sweep_item(text) for text in args.sweep),
     ).validate()
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One process: train ``--num-seeds`` agents, print one JSON line of timings."""
+    """One process: train every agent (or agent ``--agent`` alone), print one JSON line of timings."""
     import jax
 
     from ppo_eqx import Trainer
 
-    trainer = Trainer(config_of(args, args.seed, args.num_seeds))
+    config = config_of(args, args.seed, args.num_seeds)
+    trainer = Trainer(config if args.agent is None else config.agent_configs()[args.agent])
     compile_s = trainer.compile()
     for _ in range(args.warmup):
         jax.block_until_ready(trainer.step())
@@ -72,16 +84,18 @@ def worker(args: argparse.Namespace) -> None:
         jax.block_until_ready(trainer.step())
     seconds = time.perf_counter() - start
     trainer.close()
-    steps = args.num_seeds * args.iterations * trainer.config.batch_size  # every agent's steps
+    steps = trainer.config.num_agents * args.iterations * trainer.config.batch_size  # every agent's steps
     print(
         json.dumps({"compile_s": compile_s, "env_steps": steps, "seconds": seconds, "env_steps_per_s": steps / seconds})
     )
 
 
-def spawn(args: argparse.Namespace, seed: int, num_seeds: int) -> subprocess.Popen:
-    command = [sys.executable, str(HERE), "--worker", "--env-id", args.env_id, "--seed", str(seed)]
-    command += ["--num-seeds", str(num_seeds), "--num-envs", str(args.num_envs), "--num-steps", str(args.num_steps)]
-    command += ["--warmup", str(args.warmup), "--iterations", str(args.iterations)]
+def spawn(args: argparse.Namespace, agent: int | None = None) -> subprocess.Popen:
+    """A worker that trains every agent, or agent ``agent`` alone."""
+    command = [sys.executable, str(HERE), "--worker", "--env-id", args.env_id, "--seed", str(args.seed)]
+    command += ["--num-seeds", str(args.num_seeds), "--num-envs", str(args.num_envs)]
+    command += ["--num-steps", str(args.num_steps), "--warmup", str(args.warmup), "--iterations", str(args.iterations)]
+    command += [f"--sweep={text}" for text in args.sweep] + ([] if agent is None else ["--agent", str(agent)])
     return subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
 
 
@@ -92,7 +106,7 @@ def result(process: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-ONE_PROCESS = "one process, --num-seeds"
+ONE_PROCESS = "one process, --num-seeds/--sweep"
 ONE_AFTER_ANOTHER = "processes one after another"
 AT_ONCE = "processes at once"
 
@@ -127,31 +141,34 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(args)
         return
-    seeds = range(args.seed, args.seed + args.num_seeds)
+    config = config_of(args, args.seed, args.num_seeds)
+    agents = range(config.num_agents)
     rows = []
 
     def add(mode: str, results: list[dict], wall_s: float) -> None:
-        rows.append(summarise(mode, results, agents=args.num_seeds, wall_s=wall_s))
+        rows.append(summarise(mode, results, agents=config.num_agents, wall_s=wall_s))
         print(f"# {mode}: {rows[-1]['env_steps_per_s']:.0f} env steps/s, {wall_s:.1f} s in all", flush=True)
 
     start = time.perf_counter()
-    one = result(spawn(args, args.seed, args.num_seeds))
+    one = result(spawn(args))
     add(ONE_PROCESS, [one], time.perf_counter() - start)
     start = time.perf_counter()
-    after = [result(spawn(args, seed, 1)) for seed in seeds]
+    after = [result(spawn(args, agent)) for agent in agents]
     add(ONE_AFTER_ANOTHER, after, time.perf_counter() - start)
     start = time.perf_counter()
-    processes = [spawn(args, seed, 1) for seed in seeds]
+    processes = [spawn(args, agent) for agent in agents]
     together = [result(process) for process in processes]
     add(AT_ONCE, together, time.perf_counter() - start)
 
     from _common import environment, pool_env_only_sps, write_results
 
-    pool_config = config_of(args, args.seed, 1).replace(num_envs=args.num_seeds * args.num_envs)
+    pool_config = config.agent_configs()[0].replace(num_envs=config.num_agents * args.num_envs)
     ceiling = pool_env_only_sps(pool_config, repeats=3)
     header = {
         "env_id": args.env_id,
         "num_seeds": args.num_seeds,
+        "sweep": config.to_dict()["sweep"],
+        "num_agents": config.num_agents,
         "num_envs_per_agent": args.num_envs,
         "num_steps": args.num_steps,
         "timed_iterations": args.iterations,
