@@ -160,7 +160,8 @@ def test_the_schedule_with_array_settings_equals_the_schedule_with_python_ones(a
 
 # --- agent k is its single run ----------------------------------------------------------------------------------
 
-# Every sweepable field, away from its default: two settings, each through the per-agent arrays.
+# Every sweepable field, through the per-agent arrays: four settings, each flag's two values among them (the
+# array flags' other branch is checked exactly above).
 EVERY_FIELD = {
     "learning_rate": [1e-3, 3e-4],
     "anneal_lr": [False],
@@ -170,10 +171,9 @@ EVERY_FIELD = {
     "ent_coef": [0.02],
     "vf_coef": [0.7],
     "max_grad_norm": [0.3],
-    "norm_adv": [False],
+    "norm_adv": [False, True],
     "clip_vloss": [True],
 }
-FLAGS = {"anneal_lr": [True, False], "norm_adv": [True, False], "clip_vloss": [False, True]}
 
 
 def records_and_params(config: PPOConfig, iterations: int):
@@ -206,13 +206,11 @@ def assert_agents_equal_single_runs(config: PPOConfig, iterations: int, agents: 
 
 
 @pytest.mark.envpool
-@pytest.mark.parametrize("sweep", [EVERY_FIELD, FLAGS], ids=["every-field", "flags"])
-def test_each_agent_of_a_cartpole_sweep_computes_its_single_run(sweep):
+def test_each_agent_of_a_cartpole_sweep_computes_its_single_run():
     config = PPOConfig(
-        env_id="CartPole-v1", total_timesteps=4 * 512, num_envs=4, num_steps=128, clip_coef=0.2, sweep=sweep
+        env_id="CartPole-v1", total_timesteps=4 * 512, num_envs=4, num_steps=128, clip_coef=0.2, sweep=EVERY_FIELD
     )
-    agents = list(range(config.num_agents))
-    assert_agents_equal_single_runs(config, iterations=3, agents=[0, agents[-1]])
+    assert_agents_equal_single_runs(config, iterations=3, agents=[0, 3])
 
 
 @pytest.mark.envpool
