@@ -126,7 +126,9 @@ def minibatch_steps(
     ) -> tuple[tuple[PyTree, PyTree], LossInfo]:
         params, opt_state = carry
         index, step_advantages = xs
-        minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0), batch)
+        # The rows are a permutation, always in bounds: "clip" is XLA's own gather, where jnp's default ("fill")
+        # adds a select over every gathered frame.
+        minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0, mode="clip"), batch)
         if step_advantages is not None:
             minibatch = minibatch._replace(advantages=step_advantages)
         (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, minibatch)
