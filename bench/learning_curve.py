@@ -1,0 +1,472 @@
+"""Learning shown, not claimed: train several seeds of one game in one program and plot their learning curves
+beside random play's score.
+
+    python bench/learning_curve.py                      # Breakout-v5, 1M env steps per agent, seeds 1 and 2
+    python bench/learning_curve.py --plot-only --run-dir runs/learning_curve   # plot a run, finished or not
+
+Without --plot-only: a finished run in RUN_DIR (every agent's summary.json written) is only plotted; an
+unfinished one is continued (`ppo-eqx train --resume RUN_DIR`) and then plotted; an empty or missing RUN_DIR
+gets a new run (`ppo-eqx train --env-id ... --num-seeds ... --run-dir RUN_DIR`). The flags must then match the
+run already there. Training runs as a child process with this interpreter; Ctrl-C stops it after its iteration
+(checkpointed), and running this again continues it. Do not start this on a run that is still training
+elsewhere: use --plot-only.
+
+Writes OUT.png and OUT.json (the curves, each seed's final return, random play's score, CleanRL's published
+10M-step return, the wall time, the hardware and the command). The final return is the report's convention
+(ppo_eqx_bench.stats.final_return: the mean over the last 10% of iterations). CleanRL's published returns are
+at 10M steps, measured on a GPU: they are stated in the caption and the JSON, not drawn, since a 1M-step
+curve is not comparable with them.
+"""
+
+import argparse
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the package
+    sys.path.insert(0, str(REPO_ROOT))
+
+from ppo_eqx import rundir  # noqa: E402
+from ppo_eqx.config import ConfigError, PPOConfig  # noqa: E402
+from ppo_eqx_bench.anchors import ANCHORS_CSV, HUMAN_RANDOM_CSV, AnchorError, load_anchors  # noqa: E402
+from ppo_eqx_bench.runs import Run, find_run_dirs, load_run  # noqa: E402
+from ppo_eqx_bench.stats import FINAL_FRACTION, final_return  # noqa: E402
+
+WINDOW = 20
+"""Iterations in the moving average drawn over each seed's per-iteration returns."""
+NO_RUN, UNFINISHED, FINISHED = "no run", "unfinished", "finished"
+DEFAULTS = {"env_id": "Breakout-v5", "total_timesteps": 1_000_000, "num_seeds": 2, "seed": 1}
+CAPTION_WIDTH = 120
+"""Characters per line of the caption under the plot (small font, 8 inches wide)."""
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+
+
+class LearningCurveError(Exception):
+    """Why the script stops; the message is one line."""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env-id", default=DEFAULTS["env_id"], help="(default: %(default)s)")
+    parser.add_argument(
+        "--total-timesteps", type=int, default=DEFAULTS["total_timesteps"], help="per agent (default: %(default)s)"
+    )
+    parser.add_argument("--num-seeds", type=int, default=DEFAULTS["num_seeds"], help="(default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="the first seed (default: %(default)s)")
+    parser.add_argument("--run-dir", type=Path, default=Path("runs/learning_curve"), help="(default: %(default)s)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench/results/learning_curve"),
+        help="writes OUT.png and OUT.json (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--plot-only", action="store_true", help="train nothing: plot what RUN_DIR holds, finished or not"
+    )
+    args = parser.parse_args(argv)
+    if args.total_timesteps < 1 or args.num_seeds < 1:
+        parser.error("--total-timesteps and --num-seeds must be positive")
+    return args
+
+
+# ---- reading the run directory ----
+
+
+def saved_config(run_dir: Path) -> dict[str, Any] | None:
+    """The run's own config: seeds.json of a several-agent run, else config.json; None when neither exists."""
+    for name in (rundir.SEEDS_CONFIG, rundir.CONFIG):
+        path = run_dir / name
+        if path.is_file():
+            try:
+                config = json.loads(path.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise LearningCurveError(f"cannot read {path}: {error}") from None
+            if not isinstance(config, dict):
+                raise LearningCurveError(f"{path} is not a config")
+            return config
+    return None
+
+
+def run_state(run_dir: Path) -> str:
+    """NO_RUN, UNFINISHED or FINISHED (every agent's summary.json exists) for the run in ``run_dir``."""
+    if not rundir.holds_run(run_dir):
+        return NO_RUN
+    config = saved_config(run_dir)
+    if config is None:
+        raise LearningCurveError(f"{run_dir} holds part of a run but no {rundir.SEEDS_CONFIG} or {rundir.CONFIG}")
+    try:
+        names = PPOConfig.from_dict(config).agent_names()
+    except ConfigError as error:
+        raise LearningCurveError(f"{run_dir}: its config is not valid: {error}") from None
+    agents = rundir.agent_dirs(run_dir, names)
+    return FINISHED if all((agent / rundir.SUMMARY).is_file() for agent in agents) else UNFINISHED
+
+
+def read_runs(run_dir: Path) -> list[Run]:
+    """Every agent's run under ``run_dir``, finished or not, by seed; one that cannot be read yet is skipped
+    with a note (an agent that has not logged its first iteration)."""
+    runs = []
+    for path in find_run_dirs(run_dir):
+        try:
+            runs.append(load_run(path, include_unfinished=True))
+        except rundir.RunDirError as error:
+            print(f"note: skipped {path}: {error}", file=sys.stderr)
+    return sorted(runs, key=lambda run: (run.seed, str(run.run_dir)))
+
+
+# ---- the curves (pure) ----
+
+
+def moving_average(values: Sequence[float] | np.ndarray, window: int = WINDOW) -> np.ndarray:
+    """Trailing mean of the finite values among the last ``window`` entries (fewer at the start); NaN where
+    that window holds none."""
+    if window < 1:
+        raise ValueError(f"window {window} must be at least 1")
+    values = np.asarray(values, dtype=np.float64).ravel()
+    finite = np.isfinite(values)
+    sums = np.concatenate([[0.0], np.cumsum(np.where(finite, values, 0.0))])
+    counts = np.concatenate([[0], np.cumsum(finite)])
+    end = np.arange(1, values.size + 1)
+    start = np.maximum(end - window, 0)
+    count = counts[end] - counts[start]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, (sums[end] - sums[start]) / np.maximum(count, 1), np.nan)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return float(value) if math.isfinite(value) else None
+
+
+def seed_curve(run: Run, run_dir: Path) -> dict[str, Any]:
+    """One agent's curve as JSON-ready data: null where no episode finished in an iteration."""
+    try:
+        name = str(run.run_dir.relative_to(run_dir))
+    except ValueError:
+        name = str(run.run_dir)
+    return {
+        "seed": run.seed,
+        "agent": name,
+        "finished": run.finished,
+        "global_step": [int(step) for step in run.global_step],
+        "episodic_return": [_finite_or_none(value) for value in run.episodic_return],
+        "final_return": _finite_or_none(final_return(run.episodic_return)),
+        "final_step": run.final_step,
+        "wall_seconds": run.final_seconds,
+    }
+
+
+def describe_hardware(hardware: dict[str, Any] | None) -> str:
+    """ "2-core CPU" (or the GPU's name) from a run's hardware.json."""
+    if not hardware:
+        return "hardware unknown"
+    if hardware.get("gpu_name"):
+        return str(hardware["gpu_name"])
+    cores = hardware.get("cpu_count")
+    return f"{cores}-core CPU" if cores else "CPU"
+
+
+def script_command(config: dict[str, Any], out: Path) -> str:
+    """The command that trains such a run afresh (in the default run directory) and plots it."""
+    args = ["python", "bench/learning_curve.py"]
+    for name in ("env_id", "total_timesteps", "num_seeds", "seed"):
+        args += ["--" + name.replace("_", "-"), str(config.get(name, DEFAULTS[name]))]
+    return shlex.join([*args, "--out", str(out)])
+
+
+def train_args(env_id: str, total_timesteps: int, num_seeds: int, seed: int, run_dir: Path) -> list[str]:
+    """`ppo-eqx train`'s arguments for a new run."""
+    return [
+        "train",
+        "--env-id",
+        env_id,
+        "--total-timesteps",
+        str(total_timesteps),
+        "--num-seeds",
+        str(num_seeds),
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(run_dir),
+        "--no-progress",
+    ]
+
+
+def curve_data(
+    runs: Sequence[Run],
+    config: dict[str, Any],
+    run_dir: Path,
+    *,
+    random_score: float | None,
+    cleanrl_10m: dict[str, Any] | None,
+    out: Path,
+    window: int = WINDOW,
+) -> dict[str, Any]:
+    """Everything the plot and the JSON show, JSON-ready (no NaN: null instead)."""
+    if not runs:
+        raise ValueError("curve_data needs at least one run")
+    seeds = [seed_curve(run, run_dir) for run in runs]
+    hardware = next((run.hardware for run in runs if run.hardware), None)
+    env_id = str(config.get("env_id", runs[0].env_id))
+    total_timesteps = config.get("total_timesteps")
+    num_seeds = config.get("num_seeds", len(runs))
+    first_seed = int(config.get("seed", runs[0].seed))
+    return {
+        "env_id": env_id,
+        "total_timesteps": total_timesteps,
+        "num_seeds": num_seeds,
+        "finished": all(run.finished for run in runs),
+        "steps_done": min(run.final_step for run in runs),
+        "config": config,
+        "run_dir": str(run_dir),
+        "moving_average_iterations": window,
+        "final_return_convention": f"mean episodic_return over the last {FINAL_FRACTION:.0%} of iterations "
+        "(ppo_eqx_bench.stats.final_return)",
+        "seeds": seeds,
+        "random_score": random_score,
+        "random_score_source": f"ppo_eqx_bench/data/{HUMAN_RANDOM_CSV}",
+        "cleanrl_10m_return": cleanrl_10m,
+        "wall_seconds": max(run.final_seconds for run in runs),  # the agents trained together, in one program
+        "hardware": hardware,
+        "hardware_text": describe_hardware(hardware),
+        "command": script_command({"num_seeds": len(runs), **config}, out),
+        "train_command": shlex.join(
+            ["ppo-eqx", *train_args(env_id, int(total_timesteps or 0), int(num_seeds), first_seed, run_dir)]
+        ),
+    }
+
+
+def reference_scores(env_id: str) -> tuple[float | None, dict[str, Any] | None]:
+    """Random play's score and CleanRL's published 10M-step return of ``env_id`` from the shipped tables;
+    None for a game that is not in them (CartPole-v1)."""
+    try:
+        anchors, human_random = load_anchors()
+    except AnchorError as error:
+        raise LearningCurveError(str(error)) from None
+    scores = human_random.get(env_id)
+    random_score = _finite_or_none(scores.random_score) if scores else None
+    anchor = anchors.get(env_id)
+    cleanrl = None
+    if anchor and math.isfinite(anchor.cleanrl_return_mean):
+        cleanrl = {
+            "mean": anchor.cleanrl_return_mean,
+            "std": _finite_or_none(anchor.cleanrl_return_std),
+            "seeds": 3,
+            "steps": 10_000_000,
+            "label": "CleanRL at 10M steps (GPU)",
+            "source": f"ppo_eqx_bench/data/{ANCHORS_CSV}",
+            "note": "published for 10M steps per run, measured on a GPU: not comparable with a shorter run",
+        }
+    return random_score, cleanrl
+
+
+# ---- the figure ----
+
+
+def _steps_text(steps: float) -> str:
+    if steps >= 1e6:
+        return f"{steps / 1e6:.3g}M"
+    return f"{steps / 1e3:.3g}k" if steps >= 1e3 else f"{steps:.0f}"
+
+
+def _duration_text(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+
+
+def caption(data: dict[str, Any]) -> str:
+    finals = ", ".join(
+        f"seed {seed['seed']} {seed['final_return']:.1f}"
+        if seed["final_return"] is not None
+        else f"seed {seed['seed']} -"
+        for seed in data["seeds"]
+    )
+    lines = [
+        f"Final return (mean of the last {FINAL_FRACTION:.0%} of iterations): {finals}. "
+        f"Wall time{'' if data['finished'] else ' so far'}: {_duration_text(data['wall_seconds'])} (seeds together)."
+    ]
+    cleanrl = data["cleanrl_10m_return"]
+    if cleanrl is not None:
+        spread = f" ± {cleanrl['std']:.0f}" if cleanrl["std"] is not None else ""
+        lines.append(
+            f"CleanRL at 10M steps (GPU): {cleanrl['mean']:.0f}{spread} ({cleanrl['seeds']} seeds), not drawn:"
+        )
+        lines.append(
+            f"CleanRL's published returns are at {_steps_text(cleanrl['steps'])} steps and need a GPU to compare."
+        )
+    if data["random_score"] is None:
+        lines.append(f"No random-play score for {data['env_id']} in the shipped table.")
+    return "\n".join(textwrap.fill(line, CAPTION_WIDTH) for line in lines)
+
+
+def plot(data: dict[str, Any]) -> Any:
+    """The figure of ``curve_data``'s data: each seed's per-iteration returns faint, their moving average solid,
+    random play's score dashed."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8.0, 5.2), layout="constrained")
+    ax = figure.subplots()
+    window = data["moving_average_iterations"]
+    for index, seed in enumerate(data["seeds"]):
+        color = COLORS[index % len(COLORS)]
+        steps = np.asarray(seed["global_step"], dtype=np.float64) / 1e6
+        returns = np.array([np.nan if v is None else v for v in seed["episodic_return"]], dtype=np.float64)
+        finite = np.isfinite(returns)
+        ax.plot(steps[finite], returns[finite], ".", color=color, markersize=2.5, alpha=0.3, label=None)
+        average = moving_average(returns, window)
+        ax.plot(steps, average, color=color, linewidth=1.8, label=f"seed {seed['seed']}")
+    if data["random_score"] is not None:
+        ax.axhline(
+            data["random_score"],
+            color="gray",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"random play ({data['random_score']:g})",
+        )
+    # One legend entry for what the dots and lines are, drawn in neutral gray.
+    ax.plot([], [], ".", color="gray", alpha=0.5, label="dots: mean return of the episodes ending in an iteration")
+    ax.plot([], [], color="gray", linewidth=1.8, label=f"lines: moving average over {window} iterations")
+    total = data["total_timesteps"]
+    steps_done = data["steps_done"]
+    if not total:
+        steps = f"{_steps_text(steps_done)} env steps per agent"
+    elif data["finished"]:  # the run's total_timesteps, as CleanRL states its own (whole iterations: a bit under)
+        steps = f"{_steps_text(total)} env steps per agent"
+    else:
+        steps = f"{_steps_text(steps_done)} of {_steps_text(total)} env steps per agent (under way)"
+    seeds = len(data["seeds"])
+    ax.set_title(
+        f"{data['env_id']}: {steps}, {seeds} seed{'s' if seeds != 1 else ''} in one program\n"
+        f"ppo-eqx, CleanRL's hyperparameters, {data['hardware_text']}",
+        fontsize="medium",
+    )
+    ax.set_xlabel("environment steps per agent (millions)")
+    ax.set_ylabel("episodic return")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left")
+    figure.supxlabel(caption(data), fontsize="small")
+    return figure
+
+
+def json_text(data: dict[str, Any]) -> str:
+    """``data`` as JSON with one line per top-level field and per seed (the curves are long), no NaN."""
+
+    def dump(value: Any) -> str:
+        return json.dumps(value, allow_nan=False)
+
+    fields = []
+    for key, value in data.items():
+        if key == "seeds":
+            seeds = ",\n".join(f"  {dump(seed)}" for seed in value)
+            fields.append(f" {dump(key)}: [\n{seeds}\n ]")
+        else:
+            fields.append(f" {dump(key)}: {dump(value)}")
+    return "{\n" + ",\n".join(fields) + "\n}\n"
+
+
+def write_outputs(data: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    """OUT.png and OUT.json."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    png, json_path = out.with_name(out.name + ".png"), out.with_name(out.name + ".json")
+    plot(data).savefig(png, dpi=100)
+    json_path.write_text(json_text(data))
+    return png, json_path
+
+
+# ---- training ----
+
+
+def _child_env() -> dict[str, str]:
+    """The training imports this checkout's ppo_eqx, as this script does."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def train(arguments: list[str]) -> None:
+    """Run ``python -m ppo_eqx ARGUMENTS`` to its end; LearningCurveError if it fails.
+
+    The child runs in its own session: each SIGINT or SIGTERM this script gets is passed on once (the trainer
+    stops after its iteration at the first, at once at the second), never twice by the terminal and by us.
+    """
+    command = [sys.executable, "-m", "ppo_eqx", *arguments]
+    print(f"learning_curve.py: {shlex.join(command)}", flush=True)
+    try:
+        process = subprocess.Popen(command, env=_child_env(), start_new_session=True)
+    except OSError as error:
+        raise LearningCurveError(f"cannot start training: {error}") from None
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        returncode = process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if returncode in (130, 143):  # the trainer's exit after SIGINT or SIGTERM, checkpointed
+        raise LearningCurveError(f"training stopped (exit {returncode}); run this again to continue it")
+    if returncode != 0:
+        raise LearningCurveError(f"training failed (exit {returncode}; its output is above)")
+
+
+def _check_matches(config: dict[str, Any], args: argparse.Namespace) -> None:
+    """A run already in RUN_DIR is only continued or plotted when the flags ask for that run."""
+    wanted = {name: getattr(args, name) for name in DEFAULTS}
+    differ = [f"{name}={config.get(name)!r}" for name, value in wanted.items() if config.get(name) != value]
+    if differ:
+        raise LearningCurveError(
+            f"{args.run_dir} holds another run ({', '.join(differ)}); pass its flags, --plot-only, or another --run-dir"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    run_dir: Path = args.run_dir
+    try:
+        state = run_state(run_dir)
+        if args.plot_only and state == NO_RUN:
+            raise LearningCurveError(f"{run_dir}: no run there to plot")
+        if not args.plot_only and state != FINISHED:
+            if state == UNFINISHED:
+                _check_matches(saved_config(run_dir) or {}, args)
+                train(["train", "--resume", str(run_dir), "--no-progress"])
+            else:
+                train(train_args(args.env_id, args.total_timesteps, args.num_seeds, args.seed, run_dir))
+            if run_state(run_dir) != FINISHED:
+                raise LearningCurveError(f"training ended without finishing {run_dir}; run this again to continue")
+        elif not args.plot_only:
+            _check_matches(saved_config(run_dir) or {}, args)
+        runs = read_runs(run_dir)
+        if not runs:
+            raise LearningCurveError(f"{run_dir}: no agent has logged an iteration yet")
+        config = saved_config(run_dir) or runs[0].config
+        random_score, cleanrl = reference_scores(str(config.get("env_id", runs[0].env_id)))
+        data = curve_data(runs, config, run_dir, random_score=random_score, cleanrl_10m=cleanrl, out=args.out)
+        png, json_path = write_outputs(data, args.out)
+    except (LearningCurveError, rundir.RunDirError, OSError) as error:
+        print(f"learning_curve.py: {error}", file=sys.stderr)
+        return 1
+    for seed in data["seeds"]:
+        final = "none yet" if seed["final_return"] is None else f"{seed['final_return']:.2f}"
+        print(f"seed {seed['seed']}: {_steps_text(seed['final_step'])} steps, final return {final}")
+    print(f"written {png} and {json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
