@@ -64,6 +64,9 @@ def main() -> None:
     # CleanRL's hyperparameters; total_timesteps only sets the learning-rate annealing horizon.
     config = config_from_args(args, async_batch_size=args.async_batch_size)
 
+    # The matmul rate before and after the loop: on a shared machine it varies by a factor of 2 from one second to
+    # the next, and the ceiling is the best the machine showed.
+    matmul_before = matmul_rate()
     start = time.perf_counter()
     trainer = Trainer(config)
     setup_s = time.perf_counter() - start
@@ -104,7 +107,8 @@ def main() -> None:
         env_sps = env_only_sps(pool.step, pool.handle, spec.num_actions, config.num_steps, config.num_envs, repeats=5)
     pool.close()
     ceilings = model_flops(config, spec, trainer.optimizer)
-    ceilings.update(matmul_gflops=matmul_rate() / 1e9, env_only_sps=env_sps)
+    matmul_after = matmul_rate()
+    ceilings.update(matmul_gflops=max(matmul_before, matmul_after) / 1e9, env_only_sps=env_sps)
     limit = compute_limit_sps(ceilings)
 
     rows = [
@@ -130,6 +134,7 @@ def main() -> None:
         "environment": environment(),
         "conv_impl": choose_conv_impl(config.conv_impl, spec.obs_shape),  # what "auto" chose
         **ceilings,
+        "matmul_gflops_before_after": [matmul_before / 1e9, matmul_after / 1e9],
         "setup_s": setup_s,
         "rss_after_compile_mib": rss_after_compile,
         "rss_by_iteration_mib": rss_by_iteration,

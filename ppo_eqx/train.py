@@ -318,10 +318,14 @@ def run_seeds(
     pending = trainer.step() if trainer.iteration < total else None
     while pending is not None:
         iteration = trainer.iteration
+        # When iteration k ended: before k+1 is dispatched if k is done by then (a backend that ran it within its
+        # dispatch, as XLA:CPU does with EnvPool's step), else once its metrics arrive.
+        before_ahead = time.perf_counter()
+        done = all(leaf.is_ready() for leaf in jax.tree.leaves(pending))
         ahead = trainer.step() if iteration < total and not pause(iteration) else None
         metrics = jax.device_get(pending)
         finite = np.asarray(metrics.pop(FINITE)).all()
-        now = time.perf_counter()
+        now = before_ahead if done else time.perf_counter()
         records = agent_records(config, iteration, metrics, now - last)
         for record in records:
             record["time_elapsed"] = now - start

@@ -130,3 +130,32 @@ def test_an_async_trainer_primes_each_segment_of_cartpole_envs():
     # CartPole pays 1 a step, and nothing on the step that resets the env (counted in the next episode's length).
     episode_return, length = records[-1]["episodic_return"], records[-1]["episodic_length"]
     assert 8 <= length - 1 <= episode_return <= length <= 501
+
+
+class _SleepingTrainer(Trainer):
+    """Iterations that take ``seconds`` each inside ``step()`` (a backend that runs them within the dispatch, as
+    XLA:CPU does with EnvPool's step), with ready metrics; no envs, no model."""
+
+    def __init__(self, seconds: float, iterations: int):  # not super().__init__(): that would make envs
+        self.config = PPOConfig(env_id="CartPole-v1", num_envs=4, num_steps=128, total_timesteps=512 * iterations)
+        self.iteration, self.seconds = 0, seconds
+        self.metrics = {"loss": jax.numpy.float32(0.5), "finite": jax.numpy.asarray(True)}
+
+    def step(self):
+        import time
+
+        time.sleep(self.seconds)
+        self.iteration += 1
+        return dict(self.metrics)
+
+
+def test_each_record_times_its_own_iteration_when_the_dispatch_runs_it():
+    from ppo_eqx.train import run_seeds
+
+    trainer = _SleepingTrainer(seconds=0.05, iterations=5)
+    records = [records[0] for records in run_seeds(trainer)]
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5]
+    # 512 steps in 0.05 s each: about 10,240 steps/s, the first and the last too (not twice as long, not ~0).
+    for record in records:
+        assert 0.7 * 10_240 < record["sps"] < 1.05 * 10_240, record
+    assert records[-1]["time_elapsed"] == pytest.approx(0.25, rel=0.3)
