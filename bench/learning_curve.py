@@ -336,7 +336,8 @@ def plot(data: dict[str, Any]) -> Any:
             label=f"random play ({data['random_score']:g})",
         )
     # One legend entry for what the dots and lines are, drawn in neutral gray.
-    ax.plot([], [], ".", color="gray", alpha=0.5, label="dots: mean return of the episodes ending in an iteration")
+    dots = "dots: each iteration's episodic_return (mean over envs of their last game)"
+    ax.plot([], [], ".", color="gray", alpha=0.5, label=dots)
     ax.plot([], [], color="gray", linewidth=1.8, label=f"lines: moving average over {window} iterations")
     total = data["total_timesteps"]
     steps_done = data["steps_done"]
