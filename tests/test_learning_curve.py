@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ppo_eqx.config import PPOConfig, preset_for
 from ppo_eqx_bench.anchors import load_anchors
 
 from .bench_scripts import load_bench_script
@@ -34,33 +35,9 @@ def lc() -> ModuleType:
 
 
 def seeds_config(env_id: str, iterations: int, num_seeds: int = 2, seed: int = 1) -> dict[str, Any]:
-    """seeds.json as `ppo-eqx train --env-id CartPole-v1 --num-seeds 2` writes it (the key names are its)."""
-    return {
-        "env_id": env_id,
-        "total_timesteps": iterations * BATCH,
-        "learning_rate": 0.00025,
-        "num_envs": 4,
-        "num_steps": 128,
-        "anneal_lr": True,
-        "gamma": 0.99,
-        "gae_lambda": 0.95,
-        "num_minibatches": 4,
-        "update_epochs": 4,
-        "norm_adv": True,
-        "clip_coef": 0.2,
-        "clip_vloss": False,
-        "ent_coef": 0.01,
-        "vf_coef": 0.5,
-        "max_grad_norm": 0.5,
-        "seed": seed,
-        "conv_impl": "auto",
-        "minibatch_unroll": 1,
-        "checkpoint_every": 250,
-        "num_seeds": num_seeds,
-        "async_batch_size": 0,
-        "env_backend": "envpool",
-        "sweep": {},
-    }
+    """seeds.json as `ppo-eqx train --env-id CartPole-v1 --num-seeds 2` writes it (its preset, our env id)."""
+    values = {**preset_for(is_atari=False), "total_timesteps": iterations * BATCH, "seed": seed, "num_seeds": num_seeds}
+    return PPOConfig(env_id=env_id, **values).to_dict()
 
 
 def write_agent(agent_dir: Path, config: dict[str, Any], returns: list[float | None], *, finished: bool) -> None:
