@@ -17,13 +17,12 @@ from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.cli import main
 from ppo_eqx.envs import env_spec
 
-from .comparisons import leaves_equal
+from .comparisons import leaves_equal, metrics
 
 pytestmark = pytest.mark.subprocess
 
 train_module = importlib.import_module("ppo_eqx.train")  # `ppo_eqx.train` the attribute is the function
 
-VOLATILE = {"sps", "time_elapsed"}
 # 4 iterations of 512 steps, checkpoints after iterations 2 and 4.
 TINY = ["--env-id", "CartPole-v1", "--total-timesteps", "2048", "--checkpoint-every", "2"]
 QUIET = ["--no-progress", "--no-tensorboard"]
@@ -35,11 +34,6 @@ def train(run_dir, *extra: str) -> int:
 
 def resume(run_dir, *extra: str) -> int:
     return main(["train", "--resume", str(run_dir), *QUIET, *extra])
-
-
-def metrics(run_dir) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
 
 
 def snapshot(run_dir) -> dict[str, bytes]:

@@ -1,7 +1,6 @@
 """--num-seeds S: S agents in one program equal S single-seed runs (to float32 summation order)."""
 
 import json
-import shutil
 
 import equinox as eqx
 import jax
@@ -16,18 +15,12 @@ from ppo_eqx.envs import env_spec, seeds_env_step, segment_env_seeds
 from ppo_eqx.train import pool_env_seeds
 from ppo_eqx_bench.runs import find_run_dirs, load_run
 
-from .comparisons import ATOL, PARAM_ATOL, RTOL
+from .comparisons import ATOL, PARAM_ATOL, RTOL, final_checkpoint_bytes, metrics, resume_a_copy
 from .fake_env import counting_env
 
 pytestmark = pytest.mark.unit
 
 QUIET = ["--no-progress", "--no-tensorboard"]
-VOLATILE = {"sps", "time_elapsed"}
-
-
-def metrics(run_dir) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
 
 
 def assert_close_rows(seeds_rows: list[dict], single_rows: list[dict]) -> None:
@@ -130,18 +123,11 @@ def test_a_two_seed_run_resumes_from_its_stacked_checkpoint(tmp_path, capsys):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     assert main([*flags, *QUIET, "--num-seeds", "2", "--run-dir", str(whole)]) == 0
     # The same run, stopped after its second checkpoint: drop what came later.
-    shutil.copytree(whole, resumed)
-    for path in list_checkpoints(resumed)[-1:]:
-        path.unlink()
-        path.with_suffix(".eqx").unlink()
-    capsys.readouterr()
-    assert main(["train", "--resume", str(resumed), *QUIET]) == 0
-    assert "resuming" in capsys.readouterr().out
+    resume_a_copy(whole, resumed, capsys)
     for seed in (1, 2):
         assert [row["iteration"] for row in metrics(resumed / f"seed{seed}")] == [1, 2, 3]
         assert metrics(resumed / f"seed{seed}") == metrics(whole / f"seed{seed}")
-    final = lambda run_dir: list_checkpoints(run_dir)[-1].with_suffix(".eqx").read_bytes()  # noqa: E731
-    assert final(resumed) == final(whole)
+    assert final_checkpoint_bytes(resumed) == final_checkpoint_bytes(whole)
 
     assert main(["eval", str(whole)]) == 2
     assert "holds the 2 agents of a --num-seeds or --sweep run" in capsys.readouterr().err

@@ -4,7 +4,6 @@ rounding), on one pool; the settings' grid, its run directories, checkpoints, re
 import itertools
 import json
 import math
-import shutil
 
 import equinox as eqx
 import hypothesis.strategies as st
@@ -25,12 +24,11 @@ from ppo_eqx.train import Trainer, pool_env_seeds, run, run_seeds
 from ppo_eqx.update import learning_rate_schedule
 from ppo_eqx_bench.runs import find_run_dirs
 
-from .comparisons import ATOL, PARAM_ATOL, RTOL
+from .comparisons import ATOL, PARAM_ATOL, RTOL, VOLATILE, final_checkpoint_bytes, metrics, resume_a_copy
 
 pytestmark = pytest.mark.unit
 
 QUIET = ["--no-progress", "--no-tensorboard"]
-VOLATILE = {"sps", "time_elapsed"}
 BOOLS = {"anneal_lr", "norm_adv", "clip_vloss"}
 
 
@@ -229,11 +227,6 @@ def test_each_agent_of_a_breakout_sweep_computes_its_single_run():
 # --- the command line: run directories, resume, eval -------------------------------------------------------------
 
 
-def metrics(run_dir) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
-
-
 @pytest.mark.subprocess
 def test_a_sweep_writes_one_run_per_agent_resumes_exactly_and_evaluates_one_agent(tmp_path, capsys):
     flags = ["train", "--env-id", "CartPole-v1", "--total-timesteps", "1536", "--checkpoint-every", "1", *QUIET]
@@ -255,18 +248,11 @@ def test_a_sweep_writes_one_run_per_agent_resumes_exactly_and_evaluates_one_agen
         assert [row["iteration"] for row in metrics(agent_dir)] == [1, 2, 3]
 
     # The sweep stopped after its second checkpoint goes on exactly as the whole one.
-    shutil.copytree(whole, resumed)
-    for path in list_checkpoints(resumed)[-1:]:
-        path.unlink()
-        path.with_suffix(".eqx").unlink()
-    capsys.readouterr()
-    assert main(["train", "--resume", str(resumed), *QUIET]) == 0
-    assert "resuming" in capsys.readouterr().out
+    resume_a_copy(whole, resumed, capsys)
     for agent_dir in agent_dirs:
         relative = agent_dir.relative_to(whole)
         assert metrics(resumed / relative) == metrics(agent_dir)
-    final = lambda run_dir: list_checkpoints(run_dir)[-1].with_suffix(".eqx").read_bytes()  # noqa: E731
-    assert final(resumed) == final(whole)
+    assert final_checkpoint_bytes(resumed) == final_checkpoint_bytes(whole)
 
     # eval takes one agent's directory: its model out of the stacked checkpoint, its config.
     assert main(["eval", str(whole), "--episodes", "1"]) == 2

@@ -16,21 +16,12 @@ from ppo_eqx.config import PPOConfig
 from ppo_eqx.envs import env_spec
 from ppo_eqx.networks import Dense
 
+from ..comparisons import final_checkpoint_bytes, metrics
+
 pytestmark = pytest.mark.subprocess
 
 checkpoint_module = importlib.import_module("ppo_eqx.checkpoint")
 QUIET = ["--no-progress", "--no-tensorboard"]
-VOLATILE = {"sps", "time_elapsed"}
-
-
-def metrics(run_dir) -> list[dict]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
-
-
-def final_arrays(run_dir) -> bytes:
-    """The last checkpoint's arrays: model, optimizer state, key, episode statistics and iteration."""
-    return list_checkpoints(run_dir)[-1].with_suffix(".eqx").read_bytes()
 
 
 @pytest.mark.slow
@@ -58,7 +49,7 @@ def test_breakout_stopped_at_a_checkpoint_and_resumed_equals_the_uninterrupted_r
     rows = metrics(stopped)
     assert [row["iteration"] for row in rows] == [1, 2, 3, 4, 5, 6]
     assert rows == metrics(whole)
-    assert final_arrays(stopped) == final_arrays(whole)
+    assert final_checkpoint_bytes(stopped) == final_checkpoint_bytes(whole)
     # Not trivially equal: training moved the parameters, and another seed gives another run.
     config = PPOConfig.from_dict(json.loads((whole / "config.json").read_text()))
     spec = env_spec(config.env_id)
@@ -98,5 +89,5 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_pa
     assert main(["train", "--resume", str(killed), *QUIET]) == 0
     assert main(["train", *flags, "--run-dir", str(whole)]) == 0
     assert metrics(killed) == metrics(whole)
-    assert final_arrays(killed) == final_arrays(whole)
+    assert final_checkpoint_bytes(killed) == final_checkpoint_bytes(whole)
     assert json.loads((killed / "summary.json").read_text())["global_step"] == 15 * 512
