@@ -14,8 +14,7 @@ VIDEO_PACKAGES = {".mp4": ("av", "PyAV: pip install av"), ".gif": ("PIL", "Pillo
 
 def eval_command(args: argparse.Namespace) -> int:
     """Check the checkpoint and both output paths, then play, then write ``eval.json`` (or ``--output``)."""
-    from .checkpoint import config_of, load_checkpoint, read_metadata, resolve_checkpoint
-    from .envs import backend
+    from .checkpoint import read_metadata, resolve_checkpoint
 
     agent = _agent_of(args.path)
     path = resolve_checkpoint(args.path if agent is None else agent[0])
@@ -25,22 +24,7 @@ def eval_command(args: argparse.Namespace) -> int:
     if args.video is not None:
         _check_video(args.video, run_dir, output)
     metadata = read_metadata(path)
-    config = config_of(path, metadata)
-    if args.env_backend is not None:
-        config = config.replace(env_backend=args.env_backend)
-    names = config.agent_names()
-    if config.num_agents > 1 and (agent is None or agent[1] not in names):
-        raise UsageError(
-            f"{path} holds the {config.num_agents} agents of a --num-seeds or --sweep run; eval takes one agent's "
-            f"directory ({path.parent.parent / names[0]}, ...)"
-        )
-    spec = backend(config.env_backend).spec(config.env_id)
-    checkpoint = load_checkpoint(path, metadata, config, spec)
-    model = checkpoint.model
-    if config.num_agents > 1:
-        assert agent is not None
-        index = names.index(agent[1])
-        model, config = _agent_model(model, index), config.agent_configs()[index]
+    model, config, spec = _load_agent(path, metadata, args.env_backend, None if agent is None else agent[1])
     print(
         f"ppo-eqx: evaluating {path} ({config.env_id}, iteration {metadata['iteration']}) on {args.episodes} "
         f"episodes, {'greedy' if args.greedy else 'sampled'} actions",
@@ -75,6 +59,29 @@ def eval_command(args: argparse.Namespace) -> int:
         flush=True,
     )
     return 0
+
+
+def _load_agent(path: Path, metadata: dict[str, Any], env_backend: str | None, agent: str | None) -> Any:
+    """The model, config and env spec of the agent to play: the checkpoint's one agent, or of a run of several
+    (``--num-seeds``, ``--sweep``) the agent named ``agent``; on ``env_backend`` if given."""
+    from .checkpoint import config_of, load_checkpoint
+    from .envs import backend
+
+    config = config_of(path, metadata)
+    if env_backend is not None:
+        config = config.replace(env_backend=env_backend)
+    names = config.agent_names()
+    if config.num_agents > 1 and agent not in names:
+        raise UsageError(
+            f"{path} holds the {config.num_agents} agents of a --num-seeds or --sweep run; eval takes one agent's "
+            f"directory ({path.parent.parent / names[0]}, ...)"
+        )
+    spec = backend(config.env_backend).spec(config.env_id)
+    model = load_checkpoint(path, metadata, config, spec).model
+    if config.num_agents > 1:
+        index = names.index(agent)  # pyright: ignore[reportArgumentType]  # in names, so not None
+        model, config = _agent_model(model, index), config.agent_configs()[index]
+    return model, config, spec
 
 
 def _agent_of(path: Path) -> tuple[Path, str] | None:

@@ -18,11 +18,11 @@ from .collect import Carry, Collector
 from .config import PPOConfig
 from .networks import ActorCritic
 from .update import (
-    OPTIMIZER_FIELDS,
     Hyperparameters,
     OptimizerFor,
     agent_hyperparameters,
     current_learning_rate,
+    swept_optimizer_fields,
     update,
 )
 
@@ -105,11 +105,11 @@ def make_iteration(
     along with its state. ``optimizer`` is the optimizer, or, when the sweep varies one of
     ``OPTIMIZER_FIELDS``, a function from an agent's config to its optimizer (``update.make_optimizer``).
     """
-    swept = agent_hyperparameters(config)
-    if isinstance(optimizer, optax.GradientTransformation) and set(swept) & set(OPTIMIZER_FIELDS):
+    varied = swept_optimizer_fields(config)
+    if isinstance(optimizer, optax.GradientTransformation) and varied:
         raise ValueError(
-            f"the sweep varies the optimizer's {', '.join(sorted(set(swept) & set(OPTIMIZER_FIELDS)))}: pass a "
-            "function from an agent's config to its optimizer (update.make_optimizer), not one optimizer"
+            f"the sweep varies the optimizer's {', '.join(varied)}: pass a function from an agent's config to its "
+            "optimizer (update.make_optimizer), not one optimizer"
         )
 
     def iteration(state: TrainState, hyperparameters: Hyperparameters) -> tuple[TrainState, Metrics]:
@@ -128,7 +128,7 @@ def make_iteration(
 
     if config.num_agents == 1:
         return lambda state: iteration(state, {})
-    return over_agents(iteration, swept)
+    return over_agents(iteration, agent_hyperparameters(config))
 
 
 def agent_axes(state: TrainState) -> TrainState:

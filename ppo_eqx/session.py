@@ -52,7 +52,7 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
     values: dict[str, Any] = preset_for(env_backend.spec(env_id).is_atari)
     values.update({name: value for name, value in vars(args).items() if name in _CONFIG_FIELDS and value is not None})
     for name, _ in values.get("sweep", ()):
-        if name in values and getattr(args, name, None) is not None:
+        if getattr(args, name, None) is not None:
             raise UsageError(f"{flag(name)} and --sweep {flag(name)[2:]}=... both set {name}; drop one")
     config = PPOConfig(**values).validate()
     if config.async_batch_size and not env_backend.has_async:

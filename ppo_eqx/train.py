@@ -32,7 +32,7 @@ from .collect import Collector, async_collector, sync_collector
 from .config import PPOConfig
 from .envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend, segment_env_seeds
 from .iteration import FINITE, Metrics, TrainState, fresh_episodes, make_iteration, make_prime
-from .update import OPTIMIZER_FIELDS, OptimizerFor, make_optimizer
+from .update import OptimizerFor, make_optimizer, swept_optimizer_fields
 
 
 def pool_env_seeds(config: PPOConfig, iteration: int) -> list[int]:
@@ -184,7 +184,7 @@ class Trainer:
         self.placement = placement or OneDevice()
         # One optimizer, or each agent's of a sweep that varies the optimizer's settings.
         self.optimizer: optax.GradientTransformation | OptimizerFor = (
-            make_optimizer if set(config.agent_values()) & set(OPTIMIZER_FIELDS) else make_optimizer(config)
+            make_optimizer if swept_optimizer_fields(config) else make_optimizer(config)
         )
         self.iteration = 0 if restore is None else int(restore.iteration)
         self._segment = self._make_segment(self.iteration)

@@ -58,6 +58,11 @@ OPTIMIZER_FIELDS = ("learning_rate", "anneal_lr", "max_grad_norm")
 """The swept fields that ``make_optimizer`` reads."""
 
 
+def swept_optimizer_fields(config: PPOConfig) -> list[str]:
+    """The ``OPTIMIZER_FIELDS`` that ``config.sweep`` varies: each agent then needs its own optimizer."""
+    return [name for name, _ in config.sweep if name in OPTIMIZER_FIELDS]
+
+
 def current_learning_rate(opt_state: PyTree) -> Float[Array, ""]:
     """The learning rate that the last Adam step used (from ``make_optimizer``'s state)."""
     return opt_state[1].hyperparams["learning_rate"]
