@@ -81,17 +81,19 @@ def matmul_flops(name: str, table: dict[str, dict]) -> float | None:
 
 
 def kernel_flops(name: str, table: dict[str, dict]) -> float | None:
-    """FLOPs of a call to ppo_eqx's first-convolution kernel (forward or weight gradient): two per
-    multiply-add of every output position ``[B, oh, ow]`` with every kernel tap ``[k, k, D]`` and channel."""
+    """FLOPs of a call to one of ppo_eqx's convolution kernels (forward, input or weight gradient): two per
+    multiply-add of every output position ``[B, oh, ow]`` with every kernel tap ``[k, k, C]`` and channel."""
     entry = table.get(name)
-    if entry is None or not entry["target"].startswith("ppo_eqx_first_conv_"):
+    if entry is None or not entry["target"].startswith("ppo_eqx_"):
         return None
-    second = table[entry["operands"][1]]["shape"]
-    if entry["target"].endswith("forward"):  # (frames, kernel, bias) -> y [B, oh, ow, C]
-        positions, kernel = entry["shape"], second
-    else:  # (frames, dy [B, oh, ow, C]) -> dkernel [k, k, D, C]
-        positions, kernel = second, entry["shape"]
-    return 2.0 * math.prod(positions) * math.prod(kernel[:3])
+    first, second = (table[o]["shape"] for o in entry["operands"][:2])
+    if entry["target"].endswith("_forward"):  # (x, kernel, bias) -> y [B, oh, ow, O]
+        positions, taps = entry["shape"], second[:3]
+    elif entry["target"].endswith("_input_gradient"):  # (dy [B, oh, ow, O], kernel [k, k, O, C]) -> dx
+        positions, taps = first, (second[0], second[1], second[3])
+    else:  # weight gradient: (x, dy [B, oh, ow, O]) -> dkernel [k, k, C, O]
+        positions, taps = second, entry["shape"][:3]
+    return 2.0 * math.prod(positions) * math.prod(taps)
 
 
 def product_flops(name: str, table: dict[str, dict]) -> float | None:

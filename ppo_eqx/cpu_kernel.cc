@@ -1,12 +1,13 @@
 // The Nature CNN's first convolution on XLA:CPU, by hand: forward and weight gradient.
 //
-// Both read the frames as ppo_eqx stores them, uint8 and folded by the layer's stride (space-to-depth):
-// x [B, H, W, D], so the layer is a stride-1 convolution with a small k x k kernel [k, k, D, 32]. Each
-// frame is scaled by 1/255 into a float buffer that stays in cache, and nothing the size of the batch is
-// written except the layer's output. XLA's own route (one matmul of every position by all k*k kernel
-// slices, then a shifted sum; its gradient, a k*k-wide stack of shifted cotangents times the input)
-// writes and reads k*k times the output, and its weight gradient, a 64x128 product over 100k rows, runs
-// at half the machine's matmul rate. See networks.py and README's Speed section.
+// Both read the frames as the env returns them, uint8 [B, C, H, W], and fold each frame by the layer's
+// stride s (space-to-depth) into a float buffer, scaled by 1/255, that stays in cache: the layer is then a
+// stride-1 convolution with a small k x k kernel [k, k, s*s*C, 32]. Nothing the size of the batch is written
+// except the layer's output. XLA's own route (one matmul of every position by all k*k kernel slices, then a
+// shifted sum; its gradient, a k*k-wide stack of shifted cotangents times the input) writes and reads k*k
+// times the output, and its weight gradient, a 64x128 product over 100k rows, runs at half the machine's
+// matmul rate; XLA's relayout of the uint8 frames alone took a fifth of a batch-8 forward pass. See
+// networks.py and docs/performance.md.
 //
 // Registered with XLA through its FFI (xla/ffi/api/ffi.h, shipped with jaxlib); built by cpu_kernel.py.
 #include <algorithm>
@@ -14,6 +15,9 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 #include <memory>
 #include <thread>
 #include <vector>
@@ -64,9 +68,75 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, std::function<void(int64_t)>
   while (work->done.load() < n) std::this_thread::yield();
 }
 
-void scale_frame(const uint8_t* x, int64_t n, float* out) {
-  for (int64_t t = 0; t < n; ++t) out[t] = static_cast<float>(x[t]) / 255.0f;
+// The shape of a fold: frames [C, H, W] read as [Hf, Wf, D] with D = s*s*C (the rows and columns a VALID
+// convolution with a k*s kernel reads, cropped to a multiple of s).
+struct Fold {
+  int64_t C, H, W, s, Hf, Wf, D;
+  Fold(int64_t C, int64_t H, int64_t W, int64_t s, int64_t k)
+      : C(C), H(H), W(W), s(s), Hf((H - k * s) / s + k), Wf((W - k * s) / s + k), D(s * s * C) {}
+  int64_t frame() const { return C * H * W; }
+  int64_t folded() const { return Hf * Wf * D; }
+};
+
+// xf[i, j, (r * s + c) * C + ch] = x[ch, i * s + r, j * s + c] / 255: the frame folded as networks.space_to_depth
+// folds it. `row` holds one image row of all channels, (column, channel) interleaved.
+void fold_frame_any(const uint8_t* x, const Fold& f, float* xf, float* row) {
+  const int64_t tile = f.s * f.C;  // one row of a tile: s columns of C channels
+  for (int64_t y = 0; y < f.Hf * f.s; ++y) {
+    for (int64_t ch = 0; ch < f.C; ++ch) {
+      const uint8_t* src = x + (ch * f.H + y) * f.W;
+      for (int64_t u = 0; u < f.Wf * f.s; ++u) row[u * f.C + ch] = static_cast<float>(src[u]) / 255.0f;
+    }
+    float* dst = xf + (y / f.s) * f.Wf * f.D + (y % f.s) * tile;
+    for (int64_t j = 0; j < f.Wf; ++j) std::memcpy(dst + j * f.D, row + j * tile, tile * sizeof(float));
+  }
 }
+
+#if defined(__AVX2__)
+// fold_frame_any for Atari's fold (4 x 4 tiles of 4 channels: a tile row is 16 bytes): each tile row is four
+// 4-byte loads, one byte shuffle from (channel, column) to (column, channel) order, and one conversion of 16
+// bytes to floats. The same numbers as fold_frame_any; GCC's own lowering of the shuffle is scalar.
+void fold_frame_4x4(const uint8_t* x, const Fold& f, float* xf) {
+  const __m128i order = _mm_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const int64_t plane = f.H * f.W;
+  auto word = [](const uint8_t* p) {
+    int32_t w;
+    std::memcpy(&w, p, 4);
+    return w;
+  };
+  for (int64_t i = 0; i < f.Hf; ++i)  // in xf's order: its writes are sequential
+    for (int64_t j = 0; j < f.Wf; ++j)
+      for (int64_t r = 0; r < 4; ++r) {
+        const uint8_t* src = x + (i * 4 + r) * f.W + j * 4;
+        const __m128i bytes = _mm_shuffle_epi8(
+            _mm_setr_epi32(word(src), word(src + plane), word(src + 2 * plane), word(src + 3 * plane)), order);
+        float* dst = xf + (i * f.Wf + j) * f.D + r * 16;
+#if defined(__AVX512F__)
+        _mm512_storeu_ps(dst, _mm512_div_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)), _mm512_set1_ps(255.0f)));
+#else
+        const __m256 scale = _mm256_set1_ps(255.0f);
+        _mm256_storeu_ps(dst, _mm256_div_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), scale));
+        _mm256_storeu_ps(dst + 8, _mm256_div_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))), scale));
+#endif
+      }
+}
+#endif
+
+void fold_frame(const uint8_t* x, const Fold& f, float* xf, float* row) {
+#if defined(__AVX2__)
+  if (f.s == 4 && f.C == 4) return fold_frame_4x4(x, f, xf);
+#endif
+  fold_frame_any(x, f, xf, row);
+}
+
+// Whether frames [B, C, H, W] fold at stride s for a kernel [k, k, depth, 32].
+template <typename Dims>
+bool folds(const Dims& xd, int64_t s, int64_t k, int64_t depth) {
+  return s >= 1 && k >= 1 && xd[2] >= k * s && xd[3] >= k * s && depth == s * s * xd[1];
+}
+
+const char kBadFold[] =
+    "ppo_eqx first_conv: frames must be [B, C, H, W] with H, W >= k*s, and the kernel [k, k, s*s*C, 32]";
 
 // Outputs (i, j0) .. (i, j0 + J - 1), all 32 channels, kept in 2J registers over the k*k*D products.
 template <int J>
@@ -90,26 +160,30 @@ void forward_strip(const float* xf, int64_t W, int64_t D, int64_t k, const float
   for (int j = 0; j < J; ++j) store(out + j * kOut, lo[j]), store(out + j * kOut + 16, hi[j]);
 }
 
-ffi::Error ForwardImpl(ffi::ThreadPool pool, Frames x, Array4 kernel, Vector bias, ffi::Result<Array4> y) {
-  const auto xd = x.dimensions(), kd = kernel.dimensions();
-  const int64_t B = xd[0], H = xd[1], W = xd[2], D = xd[3], k = kd[0];
-  if (kd[1] != k || kd[2] != D || kd[3] != kOut || k > H || k > W)
-    return ffi::Error::InvalidArgument("ppo_eqx first_conv: kernel must be [k, k, D, 32] with k <= H, W");
-  const int64_t OH = H - k + 1, OW = W - k + 1, frame = H * W * D;
+ffi::Error ForwardImpl(ffi::ThreadPool pool, Frames x, Array4 kernel, Vector bias, int64_t stride,
+                       ffi::Result<Array4> y) {
+  const auto kd = kernel.dimensions();
+  const int64_t B = x.dimensions()[0], k = kd[0];
+  if (kd[1] != k || kd[3] != kOut) return ffi::Error::InvalidArgument("ppo_eqx first_conv: kernel must be [k, k, D, 32]");
+  const auto xd = x.dimensions();
+  if (!folds(xd, stride, k, kd[2])) return ffi::Error::InvalidArgument(kBadFold);
+  const Fold f(xd[1], xd[2], xd[3], stride, k);
+  const int64_t OH = f.Hf - k + 1, OW = f.Wf - k + 1;
   const uint8_t* xp = x.typed_data();
   const float* kp = kernel.typed_data();
   const float* bp = bias.typed_data();
   float* yp = y->typed_data();
   const int64_t chunks = std::min<int64_t>(B, 4 * std::max<int64_t>(1, pool.num_threads()));
   parallel_for(pool, chunks, [&](int64_t c) {
-    std::vector<float> xf(frame);
-    for (int64_t f = B * c / chunks; f < B * (c + 1) / chunks; ++f) {
-      scale_frame(xp + f * frame, frame, xf.data());
-      float* out = yp + f * OH * OW * kOut;
+    std::vector<float> xf(f.folded()), row(f.Wf * f.s * f.C);
+    for (int64_t n = B * c / chunks; n < B * (c + 1) / chunks; ++n) {
+      fold_frame(xp + n * f.frame(), f, xf.data(), row.data());
+      float* out = yp + n * OH * OW * kOut;
       for (int64_t i = 0; i < OH; ++i) {
         int64_t j = 0;
-        for (; j + 10 <= OW; j += 10) forward_strip<10>(xf.data(), W, D, k, kp, bp, i, j, out + (i * OW + j) * kOut);
-        for (; j < OW; ++j) forward_strip<1>(xf.data(), W, D, k, kp, bp, i, j, out + (i * OW + j) * kOut);
+        for (; j + 10 <= OW; j += 10)
+          forward_strip<10>(xf.data(), f.Wf, f.D, k, kp, bp, i, j, out + (i * OW + j) * kOut);
+        for (; j < OW; ++j) forward_strip<1>(xf.data(), f.Wf, f.D, k, kp, bp, i, j, out + (i * OW + j) * kOut);
       }
     }
   });
@@ -142,28 +216,264 @@ void weight_gradient_frame(const float* xf, const float* dy, int64_t W, int64_t 
       }
 }
 
-ffi::Error WeightGradientImpl(ffi::ThreadPool pool, Frames x, Array4 dy, ffi::Result<Array4> dkernel) {
-  const auto xd = x.dimensions(), gd = dy.dimensions(), kd = dkernel->dimensions();
-  const int64_t B = xd[0], H = xd[1], W = xd[2], D = xd[3], k = kd[0];
-  const int64_t OH = H - k + 1, OW = W - k + 1, frame = H * W * D, taps = k * k * D * kOut;
-  if (kd[1] != k || kd[2] != D || kd[3] != kOut || D % 8 || gd[0] != B || gd[1] != OH || gd[2] != OW || gd[3] != kOut)
-    return ffi::Error::InvalidArgument("ppo_eqx first_conv: dy must be [B, H-k+1, W-k+1, 32], D a multiple of 8");
+ffi::Error WeightGradientImpl(ffi::ThreadPool pool, Frames x, Array4 dy, int64_t stride,
+                              ffi::Result<Array4> dkernel) {
+  const auto gd = dy.dimensions(), kd = dkernel->dimensions();
+  const int64_t B = x.dimensions()[0], k = kd[0];
+  const auto xd = x.dimensions();
+  if (!folds(xd, stride, k, kd[2])) return ffi::Error::InvalidArgument(kBadFold);
+  const Fold f(xd[1], xd[2], xd[3], stride, k);
+  const int64_t OH = f.Hf - k + 1, OW = f.Wf - k + 1, taps = k * k * f.D * kOut;
+  if (kd[1] != k || kd[3] != kOut || f.D % 8 || gd[0] != B || gd[1] != OH || gd[2] != OW || gd[3] != kOut)
+    return ffi::Error::InvalidArgument("ppo_eqx first_conv: dy must be the layer's output shape, s*s*C a multiple of 8");
   const uint8_t* xp = x.typed_data();
   const float* gp = dy.typed_data();
   // One partial sum per chunk (thread), added up at the end.
   const int64_t chunks = std::min<int64_t>(B, std::max<int64_t>(1, pool.num_threads()));
   std::vector<float> partial(chunks * taps, 0.0f);
   parallel_for(pool, chunks, [&](int64_t c) {
-    std::vector<float> xf(frame);
-    for (int64_t f = B * c / chunks; f < B * (c + 1) / chunks; ++f) {
-      scale_frame(xp + f * frame, frame, xf.data());
-      weight_gradient_frame(xf.data(), gp + f * OH * OW * kOut, W, D, k, OH, OW, partial.data() + c * taps);
+    std::vector<float> xf(f.folded()), row(f.Wf * f.s * f.C);
+    for (int64_t n = B * c / chunks; n < B * (c + 1) / chunks; ++n) {
+      fold_frame(xp + n * f.frame(), f, xf.data(), row.data());
+      weight_gradient_frame(xf.data(), gp + n * OH * OW * kOut, f.Wf, f.D, k, OH, OW, partial.data() + c * taps);
     }
   });
   float* out = dkernel->typed_data();
   std::memcpy(out, partial.data(), taps * sizeof(float));
   for (int64_t c = 1; c < chunks; ++c)
     for (int64_t t = 0; t < taps; ++t) out[t] += partial[c * taps + t];
+  return ffi::Error::Success();
+}
+
+// The Nature CNN's other convolutions (64 output channels, float NHWC input [B, H, W, C] with C a multiple of
+// 16, kernel [k, k, C, 64], any stride): forward, input gradient and weight gradient, each computing exactly
+// the layer's products. XLA's route folds the stride into channels and multiplies at positions that the
+// shifted sums then drop (23% and 29% more products than the layers have for conv2 and conv3), and
+// relayouts its inputs and cotangents around each product. Each output position reads its window straight
+// from the input: position p's window starts at base[p], tap (a, b) at base[p] + (a * W + b) * C.
+constexpr int64_t kConv = 64;  // output channels: four v16
+
+// Outputs of J positions (their windows at base[0..J-1]), all 64 channels, kept in 4J registers over the
+// k*k*C products; written to out[0 .. 64 J).
+template <int J>
+void conv_forward_strip(const float* const* base, int64_t W, int64_t C, int64_t k, const float* kernel,
+                        const float* bias, float* out) {
+  v16 acc[J][4];
+  for (int j = 0; j < J; ++j)
+    for (int q = 0; q < 4; ++q) acc[j][q] = load(bias + 16 * q);
+  for (int64_t a = 0; a < k; ++a)
+    for (int64_t b = 0; b < k; ++b) {
+      const int64_t off = (a * W + b) * C;
+      const float* kab = kernel + (a * k + b) * C * kConv;
+      for (int64_t c = 0; c < C; ++c) {
+        const float* kc = kab + c * kConv;
+        const v16 k0 = load(kc), k1 = load(kc + 16), k2 = load(kc + 32), k3 = load(kc + 48);
+        for (int j = 0; j < J; ++j) {
+          const float v = base[j][off + c];
+          acc[j][0] += v * k0;
+          acc[j][1] += v * k1;
+          acc[j][2] += v * k2;
+          acc[j][3] += v * k3;
+        }
+      }
+    }
+  for (int j = 0; j < J; ++j)
+    for (int q = 0; q < 4; ++q) store(out + j * kConv + 16 * q, acc[j][q]);
+}
+
+// The window starts of a frame's OH x OW output positions, in output order.
+void window_starts(const float* frame, int64_t W, int64_t C, int64_t s, int64_t OH, int64_t OW,
+                   std::vector<const float*>& base) {
+  base.resize(OH * OW);
+  for (int64_t i = 0; i < OH; ++i)
+    for (int64_t j = 0; j < OW; ++j) base[i * OW + j] = frame + (s * i * W + s * j) * C;
+}
+
+struct ConvShape {
+  int64_t B, H, W, C, k, s, OH, OW;
+};
+
+ffi::Error conv_shape(ffi::Span<const int64_t> xd, int64_t k, int64_t kernel_c, int64_t kernel_o, int64_t s,
+                      ConvShape& shape) {
+  if (xd.size() != 4 || s < 1 || k < 1 || xd[1] < k || xd[2] < k || kernel_c != xd[3] || xd[3] % 16 ||
+      kernel_o != kConv)
+    return ffi::Error::InvalidArgument(
+        "ppo_eqx conv: x must be [B, H, W, C] with C a multiple of 16 and H, W >= k, the kernel [k, k, C, 64]");
+  shape = {xd[0], xd[1], xd[2], xd[3], k, s, (xd[1] - k) / s + 1, (xd[2] - k) / s + 1};
+  return ffi::Error::Success();
+}
+
+ffi::Error ConvForwardImpl(ffi::ThreadPool pool, Array4 x, Array4 kernel, Vector bias, int64_t stride,
+                           ffi::Result<Array4> y) {
+  const auto kd = kernel.dimensions();
+  ConvShape sh;
+  if (auto error = conv_shape(x.dimensions(), kd[0], kd[2], kd[3], stride, sh); error.failure()) return error;
+  const float* xp = x.typed_data();
+  const float* kp = kernel.typed_data();
+  const float* bp = bias.typed_data();
+  float* yp = y->typed_data();
+  const int64_t positions = sh.OH * sh.OW;
+  const int64_t chunks = std::min<int64_t>(sh.B, 4 * std::max<int64_t>(1, pool.num_threads()));
+  parallel_for(pool, chunks, [&](int64_t c) {
+    std::vector<const float*> base;
+    for (int64_t n = sh.B * c / chunks; n < sh.B * (c + 1) / chunks; ++n) {
+      window_starts(xp + n * sh.H * sh.W * sh.C, sh.W, sh.C, sh.s, sh.OH, sh.OW, base);
+      float* out = yp + n * positions * kConv;
+      int64_t p = 0;
+      for (; p + 6 <= positions; p += 6)
+        conv_forward_strip<6>(base.data() + p, sh.W, sh.C, sh.k, kp, bp, out + p * kConv);
+      for (; p + 3 <= positions; p += 3)
+        conv_forward_strip<3>(base.data() + p, sh.W, sh.C, sh.k, kp, bp, out + p * kConv);
+      for (; p < positions; ++p) conv_forward_strip<1>(base.data() + p, sh.W, sh.C, sh.k, kp, bp, out + p * kConv);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+// dkernel[a, b, c0 .. c0 + T, :] += sum over a frame's P positions of x[window + tap (a, b), c] * dy[p, :]:
+// 4T registers of sums, four loads of dy and T broadcasts of x per 4T multiply-adds.
+template <int T>
+void conv_weight_gradient_block(const float* const* base, const float* dy, int64_t P, int64_t off, float* o) {
+  v16 acc[T][4];
+  for (int t = 0; t < T; ++t)
+    for (int q = 0; q < 4; ++q) acc[t][q] = load(o + t * kConv + 16 * q);
+  for (int64_t p = 0; p < P; ++p) {
+    const float* g = dy + p * kConv;
+    const v16 g0 = load(g), g1 = load(g + 16), g2 = load(g + 32), g3 = load(g + 48);
+    const float* xv = base[p] + off;
+    for (int t = 0; t < T; ++t) {
+      const float v = xv[t];
+      acc[t][0] += v * g0;
+      acc[t][1] += v * g1;
+      acc[t][2] += v * g2;
+      acc[t][3] += v * g3;
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int q = 0; q < 4; ++q) store(o + t * kConv + 16 * q, acc[t][q]);
+}
+
+ffi::Error ConvWeightGradientImpl(ffi::ThreadPool pool, Array4 x, Array4 dy, int64_t stride,
+                                  ffi::Result<Array4> dkernel) {
+  const auto kd = dkernel->dimensions(), gd = dy.dimensions();
+  ConvShape sh;
+  if (auto error = conv_shape(x.dimensions(), kd[0], kd[2], kd[3], stride, sh); error.failure()) return error;
+  if (kd[1] != sh.k || gd[0] != sh.B || gd[1] != sh.OH || gd[2] != sh.OW || gd[3] != kConv)
+    return ffi::Error::InvalidArgument("ppo_eqx conv: dy must be the layer's output shape [B, OH, OW, 64]");
+  const float* xp = x.typed_data();
+  const float* gp = dy.typed_data();
+  const int64_t P = sh.OH * sh.OW, taps = sh.k * sh.k * sh.C * kConv;
+  const int64_t chunks = std::min<int64_t>(sh.B, std::max<int64_t>(1, pool.num_threads()));
+  std::vector<float> partial(chunks * taps, 0.0f);
+  parallel_for(pool, chunks, [&](int64_t c) {
+    std::vector<const float*> base;
+    float* sums = partial.data() + c * taps;
+    for (int64_t n = sh.B * c / chunks; n < sh.B * (c + 1) / chunks; ++n) {
+      window_starts(xp + n * sh.H * sh.W * sh.C, sh.W, sh.C, sh.s, sh.OH, sh.OW, base);
+      const float* g = gp + n * P * kConv;
+      for (int64_t a = 0; a < sh.k; ++a)
+        for (int64_t b = 0; b < sh.k; ++b) {
+          const int64_t off = (a * sh.W + b) * sh.C;
+          float* o = sums + (a * sh.k + b) * sh.C * kConv;
+          int64_t c0 = 0;
+          for (; c0 + 6 <= sh.C; c0 += 6) conv_weight_gradient_block<6>(base.data(), g, P, off + c0, o + c0 * kConv);
+          for (; c0 + 2 <= sh.C; c0 += 2) conv_weight_gradient_block<2>(base.data(), g, P, off + c0, o + c0 * kConv);
+        }
+    }
+  });
+  float* out = dkernel->typed_data();
+  std::memcpy(out, partial.data(), taps * sizeof(float));
+  for (int64_t c = 1; c < chunks; ++c)
+    for (int64_t t = 0; t < taps; ++t) out[t] += partial[c * taps + t];
+  return ffi::Error::Success();
+}
+
+// dx at J input positions of one row, columns q0, q0 + s, ..., all sharing the residue of q0 modulo s and so
+// the same taps: dx[p, q] = sum over taps (a, b) with s | (p - a), s | (q - b) of
+// kernel[a, b] . dy[(p - a) / s, (q - b) / s]. dy is padded by k positions on every side (zeros), so that
+// every tap reads inside it; kernel_t is the kernel as [k, k, 64, C]. NV = C / 16 registers per position.
+template <int J, int NV>
+void conv_input_gradient_strip(const float* dy_pad, int64_t OHp, int64_t OWp, int64_t k, int64_t s, int64_t p,
+                               int64_t q0, const float* kernel_t, float* dx, int64_t dx_step) {
+  constexpr int64_t C = 16 * NV;
+  v16 acc[J][NV];
+  for (int t = 0; t < J; ++t)
+    for (int v = 0; v < NV; ++v) acc[t][v] = v16{};
+  for (int64_t a = 0; a < k; ++a) {
+    if ((p + s * k - a) % s) continue;
+    const int64_t ip = (p + s * k - a) / s;
+    if (ip < k || ip >= OHp - k) continue;  // a row of padding: adds nothing
+    for (int64_t b = 0; b < k; ++b) {
+      if ((q0 + s * k - b) % s) continue;
+      const int64_t jp = (q0 + s * k - b) / s;
+      if (jp + J <= k || jp >= OWp - k) continue;  // only columns of padding
+      const float* g = dy_pad + (ip * OWp + jp) * kConv;
+      const float* kt = kernel_t + (a * k + b) * kConv * C;
+      for (int64_t o = 0; o < kConv; ++o) {
+        v16 kv[NV];
+        for (int v = 0; v < NV; ++v) kv[v] = load(kt + o * C + 16 * v);
+        for (int t = 0; t < J; ++t) {
+          const float d = g[t * kConv + o];
+          for (int v = 0; v < NV; ++v) acc[t][v] += d * kv[v];
+        }
+      }
+    }
+  }
+  for (int t = 0; t < J; ++t)
+    for (int v = 0; v < NV; ++v) store(dx + t * dx_step + 16 * v, acc[t][v]);
+}
+
+// The n columns q0, q0 + s, ... of input row p in strips of J, then of fewer for the rest.
+template <int J, int NV>
+void conv_input_gradient_strips(int64_t n, const float* dy_pad, int64_t OWp, const ConvShape& sh, int64_t p,
+                                int64_t q0, const float* kernel_t, float* dx) {
+  if constexpr (J > 0) {
+    constexpr int64_t C = 16 * NV;
+    for (; n >= J; n -= J, q0 += J * sh.s, dx += J * sh.s * C)
+      conv_input_gradient_strip<J, NV>(dy_pad, sh.OH + 2 * sh.k, OWp, sh.k, sh.s, p, q0, kernel_t, dx, sh.s * C);
+    conv_input_gradient_strips<J - 1, NV>(n, dy_pad, OWp, sh, p, q0, kernel_t, dx);
+  }
+}
+
+template <int NV>
+void conv_input_gradient_frame(const float* dy_pad, int64_t OWp, const ConvShape& sh, const float* kernel_t,
+                               float* dx) {
+  const int64_t C = 16 * NV, rows = sh.s * (sh.OH - 1) + sh.k, cols = sh.s * (sh.OW - 1) + sh.k;
+  std::memset(dx, 0, sh.H * sh.W * C * sizeof(float));  // rows and columns past the last window stay zero
+  for (int64_t p = 0; p < rows; ++p)
+    for (int64_t r = 0; r < std::min(sh.s, cols); ++r)  // columns r, r + s, ... below cols
+      conv_input_gradient_strips<24 / NV, NV>((cols - r + sh.s - 1) / sh.s, dy_pad, OWp, sh, p, r, kernel_t,
+                                              dx + (p * sh.W + r) * C);
+}
+
+ffi::Error ConvInputGradientImpl(ffi::ThreadPool pool, Array4 dy, Array4 kernel_t, int64_t stride,
+                                 ffi::Result<Array4> dx) {
+  const auto kd = kernel_t.dimensions(), gd = dy.dimensions();
+  ConvShape sh;
+  if (auto error = conv_shape(dx->dimensions(), kd[0], kd[3], kd[2], stride, sh); error.failure()) return error;
+  if (kd[1] != sh.k || gd[0] != sh.B || gd[1] != sh.OH || gd[2] != sh.OW || gd[3] != kConv || sh.C > 64)
+    return ffi::Error::InvalidArgument("ppo_eqx conv: dy must be [B, OH, OW, 64] and C at most 64");
+  const float* gp = dy.typed_data();
+  const float* kp = kernel_t.typed_data();
+  float* xp = dx->typed_data();
+  const int64_t OHp = sh.OH + 2 * sh.k, OWp = sh.OW + 2 * sh.k;
+  const int64_t chunks = std::min<int64_t>(sh.B, 4 * std::max<int64_t>(1, pool.num_threads()));
+  parallel_for(pool, chunks, [&](int64_t c) {
+    std::vector<float> dy_pad(OHp * OWp * kConv, 0.0f);
+    for (int64_t n = sh.B * c / chunks; n < sh.B * (c + 1) / chunks; ++n) {
+      const float* g = gp + n * sh.OH * sh.OW * kConv;
+      for (int64_t i = 0; i < sh.OH; ++i)
+        std::memcpy(dy_pad.data() + ((i + sh.k) * OWp + sh.k) * kConv, g + i * sh.OW * kConv,
+                    sh.OW * kConv * sizeof(float));
+      float* out = xp + n * sh.H * sh.W * sh.C;
+      switch (sh.C / 16) {
+        case 1: conv_input_gradient_frame<1>(dy_pad.data(), OWp, sh, kp, out); break;
+        case 2: conv_input_gradient_frame<2>(dy_pad.data(), OWp, sh, kp, out); break;
+        case 3: conv_input_gradient_frame<3>(dy_pad.data(), OWp, sh, kp, out); break;
+        default: conv_input_gradient_frame<4>(dy_pad.data(), OWp, sh, kp, out); break;
+      }
+    }
+  });
   return ffi::Error::Success();
 }
 
@@ -175,6 +485,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PpoEqxFirstConvForward, ForwardImpl,
                                   .Arg<Frames>()
                                   .Arg<Array4>()
                                   .Arg<Vector>()
+                                  .Attr<int64_t>("stride")
                                   .Ret<Array4>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PpoEqxFirstConvWeightGradient, WeightGradientImpl,
@@ -182,4 +493,30 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PpoEqxFirstConvWeightGradient, WeightGradientImpl,
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<Frames>()
                                   .Arg<Array4>()
+                                  .Attr<int64_t>("stride")
+                                  .Ret<Array4>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PpoEqxConvForward, ConvForwardImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Array4>()
+                                  .Arg<Array4>()
+                                  .Arg<Vector>()
+                                  .Attr<int64_t>("stride")
+                                  .Ret<Array4>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PpoEqxConvInputGradient, ConvInputGradientImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Array4>()
+                                  .Arg<Array4>()
+                                  .Attr<int64_t>("stride")
+                                  .Ret<Array4>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PpoEqxConvWeightGradient, ConvWeightGradientImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Array4>()
+                                  .Arg<Array4>()
+                                  .Attr<int64_t>("stride")
                                   .Ret<Array4>());

@@ -1,10 +1,16 @@
-"""The Nature CNN's first convolution by hand on XLA:CPU (``conv_impl="kernel"``).
+"""The Nature CNN's convolutions by hand on XLA:CPU (``conv_impl="kernel"``): C++ (``cpu_kernel.cc``) called
+through XLA's FFI.
 
-``first_conv`` computes the first layer from the uint8 frames folded by ``space_to_depth``: a C++ kernel
-(``cpu_kernel.cc``) called through XLA's FFI, for the forward pass and the weight gradient. It gives the same
-numbers as the "matmul" route within float32 rounding, near the CPU's matmul rate: the layer takes about
-21 ms of a 256-frame minibatch step on one core instead of 55 (bench/profile_update.py), because it never
-writes the k*k-times-larger intermediate that the matmul route needs, nor the frames as float32.
+- ``first_conv`` computes the first layer from the uint8 frames as the env returns them, forward pass and
+  weight gradient. Each frame is folded by the stride (``space_to_depth``) and scaled inside the kernel. The
+  layer takes about 2/5 of the matmul route's time (bench/profile_update.py), because it never writes the
+  k*k-times-larger intermediate that the matmul route needs, nor the frames as float32, nor their relayout.
+- ``conv`` computes a layer of 64 output channels (the second and third), forward pass, input gradient and
+  weight gradient. Each output position reads its window straight from the input, so the kernel computes
+  exactly the layer's products, where the matmul route computes 23% (conv2) and 29% (conv3) more at positions
+  its shifted sums then drop, and relayouts its inputs and cotangents around each product.
+
+Both give the same numbers as the "matmul" route within float32 rounding, near the CPU's matmul rate.
 
 The kernel is compiled on first use with the machine's C++ compiler (``$CXX``, else ``g++`` or ``c++``)
 and jaxlib's FFI headers, for this CPU (``-march=native``), into ``$PPO_EQX_CACHE`` (default
@@ -25,14 +31,28 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import jaxlib
+import numpy as np
 from jaxtyping import Array, Float, UInt8
 
 SOURCE = Path(__file__).with_name("cpu_kernel.cc")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-w")
 OUT_CHANNELS = 32
 """The kernel's output channels (the Nature CNN's first layer); its input depth must be a multiple of 8."""
+CONV_OUT_CHANNELS = 64
+"""``conv``'s output channels (the Nature CNN's second and third layers); its input depth must be a multiple
+of 16, at most 64."""
 _FORWARD = "ppo_eqx_first_conv_forward"
 _WEIGHT_GRADIENT = "ppo_eqx_first_conv_weight_gradient"
+_CONV_FORWARD = "ppo_eqx_conv_forward"
+_CONV_INPUT_GRADIENT = "ppo_eqx_conv_input_gradient"
+_CONV_WEIGHT_GRADIENT = "ppo_eqx_conv_weight_gradient"
+_SYMBOLS = {
+    _FORWARD: "PpoEqxFirstConvForward",
+    _WEIGHT_GRADIENT: "PpoEqxFirstConvWeightGradient",
+    _CONV_FORWARD: "PpoEqxConvForward",
+    _CONV_INPUT_GRADIENT: "PpoEqxConvInputGradient",
+    _CONV_WEIGHT_GRADIENT: "PpoEqxConvWeightGradient",
+}
 _log = logging.getLogger(__name__)
 
 
@@ -99,7 +119,7 @@ def load() -> None:
         library = ctypes.cdll.LoadLibrary(str(path))
     except OSError as error:
         raise KernelUnavailable(f"could not load {path}: {error}") from error
-    for name, symbol in ((_FORWARD, "PpoEqxFirstConvForward"), (_WEIGHT_GRADIENT, "PpoEqxFirstConvWeightGradient")):
+    for name, symbol in _SYMBOLS.items():
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
 
 
@@ -114,38 +134,118 @@ def available() -> bool:
     return True
 
 
-@jax.custom_vjp
 def first_conv(
-    frames: UInt8[Array, "B H W D"], kernel: Float[Array, "k k D C"], bias: Float[Array, " C"]
-) -> Float[Array, "B oh ow C"]:
-    """``y[:, i, j] = bias + sum over (a, b, d) of frames[:, i + a, j + b, d] / 255 * kernel[a, b, d]``: a VALID
-    stride-1 convolution of the uint8 frames scaled by 1/255 (C = 32, D a multiple of 8). No gradient flows
-    to the frames."""
-    b, h, w, depth = frames.shape
-    k, _, _, c = kernel.shape
-    if c != OUT_CHANNELS or depth % 8:
+    frames: UInt8[Array, "B C H W"], kernel: Float[Array, "k k D O"], bias: Float[Array, " O"], stride: int
+) -> Float[Array, "B oh ow O"]:
+    """The first layer on the frames as the env returns them, ``[B, C, H, W]`` uint8, scaled by 1/255: a VALID
+    convolution at ``stride`` with the layer's kernel folded for ``space_to_depth(frames, stride)``
+    (``Conv.folded_kernel()``, ``[k, k, D, O]`` with ``D = stride * stride * C``), i.e.
+    ``y[:, i, j] = bias + sum over (a, b, d) of folded[:, i + a, j + b, d] / 255 * kernel[a, b, d]``.
+    O must be 32 and D a multiple of 8. No gradient flows to the frames."""
+    b, c, h, w = frames.shape
+    k, _, depth, out_channels = kernel.shape
+    if out_channels != OUT_CHANNELS or depth % 8:
         raise ValueError(
             f"first_conv computes {OUT_CHANNELS} output channels from a depth that is a multiple of 8, "
-            f"not {c} from {depth}"
+            f"not {out_channels} from {depth}"
         )
+    if depth != stride * stride * c or min(h, w) < k * stride:
+        raise ValueError(
+            f"first_conv at stride {stride} needs a kernel depth of {stride * stride * c} (stride^2 x {c} channels) "
+            f"and frames of at least {k * stride} x {k * stride}, not depth {depth} and {h} x {w}"
+        )
+    return _first_conv(frames, kernel, bias, stride)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _first_conv(
+    frames: UInt8[Array, "B C H W"], kernel: Float[Array, "k k D O"], bias: Float[Array, " O"], stride: int
+) -> Float[Array, "B oh ow O"]:
     load()
-    out = jax.ShapeDtypeStruct((b, h - k + 1, w - k + 1, c), jnp.float32)
-    return jax.ffi.ffi_call(_FORWARD, out, vmap_method="sequential")(frames, kernel, bias)
+    b, _, h, w = frames.shape
+    k, _, _, out_channels = kernel.shape
+    out_h, out_w = (h - k * stride) // stride + 1, (w - k * stride) // stride + 1
+    out = jax.ShapeDtypeStruct((b, out_h, out_w, out_channels), jnp.float32)
+    call = jax.ffi.ffi_call(_FORWARD, out, vmap_method="sequential")
+    return call(frames, kernel, bias, stride=np.int64(stride))
 
 
 def _first_conv_forward(
-    frames: UInt8[Array, "B H W D"], kernel: Float[Array, "k k D C"], bias: Float[Array, " C"]
-) -> tuple[Float[Array, "B oh ow C"], tuple[UInt8[Array, "B H W D"], Float[Array, "k k D C"]]]:
-    return first_conv(frames, kernel, bias), (frames, kernel)
+    frames: UInt8[Array, "B C H W"], kernel: Float[Array, "k k D O"], bias: Float[Array, " O"], stride: int
+) -> tuple[Float[Array, "B oh ow O"], tuple[UInt8[Array, "B C H W"], Float[Array, "k k D O"]]]:
+    return _first_conv(frames, kernel, bias, stride), (frames, kernel)
 
 
 def _first_conv_backward(
-    residuals: tuple[UInt8[Array, "B H W D"], Float[Array, "k k D C"]], dy: Float[Array, "B oh ow C"]
-) -> tuple[None, Float[Array, "k k D C"], Float[Array, " C"]]:
+    stride: int, residuals: tuple[UInt8[Array, "B C H W"], Float[Array, "k k D O"]], dy: Float[Array, "B oh ow O"]
+) -> tuple[None, Float[Array, "k k D O"], Float[Array, " O"]]:
     frames, kernel = residuals
     out = jax.ShapeDtypeStruct(kernel.shape, jnp.float32)
-    dkernel = jax.ffi.ffi_call(_WEIGHT_GRADIENT, out, vmap_method="sequential")(frames, dy)
+    dkernel = jax.ffi.ffi_call(_WEIGHT_GRADIENT, out, vmap_method="sequential")(frames, dy, stride=np.int64(stride))
     return None, dkernel, jnp.sum(dy, axis=(0, 1, 2))
 
 
-first_conv.defvjp(_first_conv_forward, _first_conv_backward)
+_first_conv.defvjp(_first_conv_forward, _first_conv_backward)
+
+
+def conv_computes(x_shape: tuple[int, ...], kernel_shape: tuple[int, ...]) -> bool:
+    """Whether ``conv`` computes a layer with this NHWC input and HWIO kernel: 64 output channels from a
+    multiple of 16 input channels, at most 64, and a square kernel that fits the input."""
+    k, k2, c, out_channels = kernel_shape
+    return (
+        len(x_shape) == 4
+        and x_shape[3] == c
+        and c % 16 == 0
+        and 0 < c <= 64
+        and out_channels == CONV_OUT_CHANNELS
+        and k == k2
+        and min(x_shape[1:3]) >= k
+    )
+
+
+def conv(
+    x: Float[Array, "B H W C"], kernel: Float[Array, "k k C O"], bias: Float[Array, " O"], stride: int
+) -> Float[Array, "B oh ow O"]:
+    """A VALID convolution at ``stride``, NHWC input and HWIO kernel, by the C++ kernel: each output position
+    reads its window straight from ``x``, so it computes exactly the layer's products (see ``conv_computes``
+    for the shapes it takes)."""
+    if not conv_computes(x.shape, kernel.shape):
+        raise ValueError(
+            f"conv computes {CONV_OUT_CHANNELS} output channels from 16, 32, 48 or 64 input channels with a "
+            f"square kernel that fits the input, not input {x.shape} and kernel {kernel.shape}"
+        )
+    return _conv(x, kernel, bias, stride)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _conv(
+    x: Float[Array, "B H W C"], kernel: Float[Array, "k k C O"], bias: Float[Array, " O"], stride: int
+) -> Float[Array, "B oh ow O"]:
+    load()
+    b, h, w, _ = x.shape
+    k = kernel.shape[0]
+    out = jax.ShapeDtypeStruct((b, (h - k) // stride + 1, (w - k) // stride + 1, CONV_OUT_CHANNELS), jnp.float32)
+    return jax.ffi.ffi_call(_CONV_FORWARD, out, vmap_method="sequential")(x, kernel, bias, stride=np.int64(stride))
+
+
+def _conv_forward(
+    x: Float[Array, "B H W C"], kernel: Float[Array, "k k C O"], bias: Float[Array, " O"], stride: int
+) -> tuple[Float[Array, "B oh ow O"], tuple[Float[Array, "B H W C"], Float[Array, "k k C O"]]]:
+    return _conv(x, kernel, bias, stride), (x, kernel)
+
+
+def _conv_backward(
+    stride: int, residuals: tuple[Float[Array, "B H W C"], Float[Array, "k k C O"]], dy: Float[Array, "B oh ow O"]
+) -> tuple[Float[Array, "B H W C"], Float[Array, "k k C O"], Float[Array, " O"]]:
+    x, kernel = residuals
+    call = functools.partial(jax.ffi.ffi_call, vmap_method="sequential")
+    dx = call(_CONV_INPUT_GRADIENT, jax.ShapeDtypeStruct(x.shape, jnp.float32))(
+        dy, jnp.transpose(kernel, (0, 1, 3, 2)), stride=np.int64(stride)
+    )
+    dkernel = call(_CONV_WEIGHT_GRADIENT, jax.ShapeDtypeStruct(kernel.shape, jnp.float32))(
+        x, dy, stride=np.int64(stride)
+    )
+    return dx, dkernel, jnp.sum(dy, axis=(0, 1, 2))
+
+
+_conv.defvjp(_conv_forward, _conv_backward)

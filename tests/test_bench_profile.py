@@ -44,11 +44,12 @@ def test_describe_says_forward_or_backward(profile: ModuleType) -> None:
 @pytest.mark.subprocess  # compiles the CPU kernel where it is not cached
 @needs_compiler
 def test_kernel_flops_of_the_first_convolution(profile: ModuleType) -> None:
-    frames = jnp.zeros((3, 6, 9, 16), jnp.uint8)
+    frames = jnp.zeros((3, 16, 6, 9), jnp.uint8)
     kernel, bias = jnp.ones((2, 2, 16, 32)), jnp.zeros(32)
 
     def f(kernel, bias):
-        return jax.grad(lambda w, c: jnp.sum(cpu_kernel.first_conv(frames, w, c) ** 2), argnums=(0, 1))(kernel, bias)
+        loss = lambda w, c: jnp.sum(cpu_kernel.first_conv(frames, w, c, 1) ** 2)  # noqa: E731
+        return jax.grad(loss, argnums=(0, 1))(kernel, bias)
 
     table = profile.hlo_instructions(jax.jit(f).lower(kernel, bias).compile().as_text())
     calls = {entry["target"]: profile.product_flops(name, table) for name, entry in table.items() if entry["target"]}
