@@ -68,6 +68,14 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, std::function<void(int64_t)>
   while (work->done.load() < n) std::this_thread::yield();
 }
 
+// out = the sum of `chunks` partial sums of `taps` floats each (one per thread of a weight gradient), added in
+// chunk order.
+void add_partial_sums(const std::vector<float>& partial, int64_t chunks, int64_t taps, float* out) {
+  std::memcpy(out, partial.data(), taps * sizeof(float));
+  for (int64_t c = 1; c < chunks; ++c)
+    for (int64_t t = 0; t < taps; ++t) out[t] += partial[c * taps + t];
+}
+
 // The shape of a fold: frames [C, H, W] read as [Hf, Wf, D] with D = s*s*C (the rows and columns a VALID
 // convolution with a k*s kernel reads, cropped to a multiple of s).
 struct Fold {
@@ -238,10 +246,7 @@ ffi::Error WeightGradientImpl(ffi::ThreadPool pool, Frames x, Array4 dy, int64_t
       weight_gradient_frame(xf.data(), gp + n * OH * OW * kOut, f.Wf, f.D, k, OH, OW, partial.data() + c * taps);
     }
   });
-  float* out = dkernel->typed_data();
-  std::memcpy(out, partial.data(), taps * sizeof(float));
-  for (int64_t c = 1; c < chunks; ++c)
-    for (int64_t t = 0; t < taps; ++t) out[t] += partial[c * taps + t];
+  add_partial_sums(partial, chunks, taps, dkernel->typed_data());
   return ffi::Error::Success();
 }
 
@@ -381,10 +386,7 @@ ffi::Error ConvWeightGradientImpl(ffi::ThreadPool pool, Array4 x, Array4 dy, int
         }
     }
   });
-  float* out = dkernel->typed_data();
-  std::memcpy(out, partial.data(), taps * sizeof(float));
-  for (int64_t c = 1; c < chunks; ++c)
-    for (int64_t t = 0; t < taps; ++t) out[t] += partial[c * taps + t];
+  add_partial_sums(partial, chunks, taps, dkernel->typed_data());
   return ffi::Error::Success();
 }
 
