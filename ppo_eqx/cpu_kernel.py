@@ -14,8 +14,9 @@ Both give the same numbers as the "matmul" route within float32 rounding, near t
 
 The kernel is compiled on first use with the machine's C++ compiler (``$CXX``, else ``g++`` or ``c++``)
 and jaxlib's FFI headers, for this CPU (``-march=native``), into ``$PPO_EQX_CACHE`` (default
-``~/.cache/ppo_eqx``), keyed by the source, the flags, jaxlib's version and the CPU. ``available()`` says
-whether that worked; ``conv_impl="auto"`` falls back to "matmul" where it did not.
+``~/.cache/ppo_eqx``), keyed by the source, the flags, jaxlib's version and the CPU. It needs AVX-512: without
+it the kernels' register blocks spill (an update ran about 80 times slower), so the source refuses to build.
+``available()`` says whether the build worked; ``conv_impl="auto"`` falls back to "matmul" where it did not.
 """
 
 import ctypes
@@ -104,8 +105,9 @@ def build(path: Path) -> None:
         raise KernelUnavailable(f"{compiler} could not build {SOURCE.name}: {error}") from error
     if result.returncode != 0:
         partial.unlink(missing_ok=True)
-        last = (result.stderr.strip().splitlines() or [f"exit status {result.returncode}"])[-1]
-        raise KernelUnavailable(f"{compiler} could not build {SOURCE.name}: {last}")
+        lines = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]
+        reason = next((line for line in lines if "error" in line), lines[-1])  # notes may follow the error
+        raise KernelUnavailable(f"{compiler} could not build {SOURCE.name}: {reason}")
     os.replace(partial, path)
 
 

@@ -247,6 +247,17 @@ def test_a_failed_build_says_which_compiler_failed(tmp_path, monkeypatch, compil
     assert list(tmp_path.iterdir()) == []  # nothing half-written left behind
 
 
+@pytest.mark.subprocess
+@needs_compiler
+def test_without_avx512_the_kernel_is_not_built(tmp_path, monkeypatch):
+    # Its 16-float register blocks spill without AVX-512 (an update ran ~80x slower); the matmul route is faster.
+    flags = tuple("-march=x86-64-v3" if flag == "-march=native" else flag for flag in cpu_kernel.FLAGS)
+    monkeypatch.setattr(cpu_kernel, "FLAGS", flags)
+    with pytest.raises(cpu_kernel.KernelUnavailable, match="needs AVX-512"):
+        cpu_kernel.build(tmp_path / "kernel.so")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.unit
 def test_an_unwritable_cache_is_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "false")  # a compiler is looked up first; this one is never started
