@@ -69,6 +69,11 @@ def _cpu_flags() -> str:
     return next((line for line in lines if line.startswith("flags")), platform.processor())
 
 
+def has_avx512() -> bool:
+    """Whether this CPU reports AVX-512 (``avx512f``), without which the kernel refuses to build."""
+    return "avx512f" in _cpu_flags().split()
+
+
 def find_compiler() -> str | None:
     """The C++ compiler the kernel is built with: ``$CXX``, else ``g++`` or ``c++`` on the PATH; None if none."""
     return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")

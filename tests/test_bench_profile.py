@@ -9,7 +9,7 @@ import pytest
 from ppo_eqx import cpu_kernel
 
 from .bench_scripts import load_bench_script
-from .conv_reference import needs_compiler
+from .conv_reference import needs_kernel
 
 pytestmark = pytest.mark.unit
 
@@ -42,7 +42,7 @@ def test_describe_says_forward_or_backward(profile: ModuleType) -> None:
 
 
 @pytest.mark.subprocess  # compiles the CPU kernel where it is not cached
-@needs_compiler
+@needs_kernel
 def test_kernel_flops_of_the_first_convolution(profile: ModuleType) -> None:
     frames = jnp.zeros((3, 16, 6, 9), jnp.uint8)
     kernel, bias = jnp.ones((2, 2, 16, 32)), jnp.zeros(32)

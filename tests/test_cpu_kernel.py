@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from ppo_eqx import ActorCritic, cpu_kernel
 from ppo_eqx.networks import Conv, choose_conv_impl
 
-from .conv_reference import ATARI_SHAPE, needs_compiler, numpy_conv
+from .conv_reference import ATARI_SHAPE, needs_compiler, needs_kernel, numpy_conv
 
 pytestmark = pytest.mark.subprocess
 
@@ -63,7 +63,7 @@ def _numpy_weight_gradient(x, dy, size, stride):
 
 
 @pytest.mark.subprocess  # the first test to run the kernel compiles it
-@needs_compiler
+@needs_kernel
 @given(st.sampled_from(SHAPES), st.integers(0, 99))
 def test_forward_and_gradients_match_numpy(shape, seed):
     frames, kernel, bias, dy = _case(shape, seed)
@@ -83,7 +83,7 @@ def test_forward_and_gradients_match_numpy(shape, seed):
 
 
 @pytest.mark.subprocess  # the first test to run the kernel compiles it
-@needs_compiler
+@needs_kernel
 def test_runs_under_vmap_and_scan():
     frames, kernel, bias, _ = _case((2, 4, 10, 29, 2, 2), 0)
     kernel, bias = jnp.asarray(_fold(kernel, 2)), jnp.asarray(bias)
@@ -153,7 +153,7 @@ def _numpy_input_gradient(kernel, dy, x_shape, stride):
 
 
 @pytest.mark.subprocess  # the first test to run the kernel compiles it
-@needs_compiler
+@needs_kernel
 @given(st.sampled_from(CONV_SHAPES), st.integers(0, 99))
 def test_conv_and_its_gradients_match_numpy(shape, seed):
     x, kernel, bias, dy = _conv_case(shape, seed)
@@ -171,7 +171,7 @@ def test_conv_and_its_gradients_match_numpy(shape, seed):
 
 
 @pytest.mark.subprocess  # the first test to run the kernel compiles it
-@needs_compiler
+@needs_kernel
 def test_conv_runs_under_vmap_and_scan():
     x, kernel, bias, dy = (jnp.asarray(a) for a in _conv_case((2, 11, 14, 16, 3, 2), 1))
     layer = lambda x, w: cpu_kernel.conv(x, w, bias, 2)  # noqa: E731
@@ -207,7 +207,7 @@ def test_conv_takes_only_the_shapes_it_computes():
 
 
 @pytest.mark.subprocess  # the first test to run the kernel compiles it
-@needs_compiler
+@needs_kernel
 def test_the_kernel_is_the_layer_on_frames():
     conv = Conv(4, 32, 8, 4, 1.0, key=jax.random.PRNGKey(0))
     frames = jnp.asarray(np.random.default_rng(0).integers(0, 256, size=(3, 4, 38, 45), dtype=np.uint8))
@@ -217,7 +217,7 @@ def test_the_kernel_is_the_layer_on_frames():
 
 
 @pytest.mark.subprocess  # the first test to run the kernel compiles it
-@needs_compiler
+@needs_kernel
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the kernel is chosen on the CPU backend only")
 def test_auto_chooses_the_kernel_for_frames_on_cpu():
     assert choose_conv_impl("auto", ATARI_SHAPE) == "kernel"

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from ppo_eqx import ActorCritic, Batch, model_loss
 from ppo_eqx.networks import Conv, Dense
 
-from .conv_reference import ATARI_SHAPE, needs_compiler, numpy_conv
+from .conv_reference import ATARI_SHAPE, needs_kernel, numpy_conv
 
 pytestmark = pytest.mark.unit
 
@@ -49,7 +49,7 @@ def _batch(model: ActorCritic, obs_shape, num_actions: int, size: int, seed: int
     "impl",
     [
         pytest.param("matmul", marks=pytest.mark.compile),
-        pytest.param("kernel", marks=[pytest.mark.subprocess, needs_compiler]),
+        pytest.param("kernel", marks=[pytest.mark.subprocess, needs_kernel]),
     ],
 )
 def test_faster_convolutions_give_the_same_losses_and_gradients_as_xla(impl):
