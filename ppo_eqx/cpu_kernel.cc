@@ -10,19 +10,6 @@
 // networks.py and docs/performance.md.
 //
 // Registered with XLA through its FFI (xla/ffi/api/ffi.h, shipped with jaxlib); built by cpu_kernel.py.
-#include <algorithm>
-#include <atomic>
-#include <cstdint>
-#include <cstring>
-#include <functional>
-#if defined(__AVX2__)
-#include <immintrin.h>
-#endif
-#include <memory>
-#include <thread>
-#include <vector>
-
-#include "xla/ffi/api/ffi.h"
 
 // The kernels hold 16-float vectors (v16) in registers, 24-28 at a time. Without AVX-512, GCC splits each into
 // 128-bit pieces kept on the stack: measured, an update ran about 80 times slower than with AVX-512. So the
@@ -30,6 +17,18 @@
 #if !defined(__AVX512F__)
 #error "ppo_eqx's CPU kernel needs AVX-512 (-march=native found none), the matmul route is used instead"
 #endif
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <immintrin.h>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
@@ -86,7 +85,8 @@ void add_partial_sums(const std::vector<float>& partial, int64_t chunks, int64_t
 // The shape of a fold: frames [C, H, W] read as [Hf, Wf, D] with D = s*s*C (the rows and columns a VALID
 // convolution with a k*s kernel reads, cropped to a multiple of s).
 struct Fold {
-  int64_t C, H, W, s, Hf, Wf, D;
+  int64_t C = 0, H = 0, W = 0, s = 1, Hf = 0, Wf = 0, D = 0;
+  Fold() = default;
   Fold(int64_t C, int64_t H, int64_t W, int64_t s, int64_t k)
       : C(C), H(H), W(W), s(s), Hf((H - k * s) / s + k), Wf((W - k * s) / s + k), D(s * s * C) {}
   int64_t frame() const { return C * H * W; }
@@ -107,7 +107,6 @@ void fold_frame_any(const uint8_t* x, const Fold& f, float* xf, float* row) {
   }
 }
 
-#if defined(__AVX2__)
 // fold_frame_any for Atari's fold (4 x 4 tiles of 4 channels: a tile row is 16 bytes): each tile row is four
 // 4-byte loads, one byte shuffle from (channel, column) to (column, channel) order, and one conversion of 16
 // bytes to floats. The same numbers as fold_frame_any; GCC's own lowering of the shuffle is scalar.
@@ -126,32 +125,27 @@ void fold_frame_4x4(const uint8_t* x, const Fold& f, float* xf) {
         const __m128i bytes = _mm_shuffle_epi8(
             _mm_setr_epi32(word(src), word(src + plane), word(src + 2 * plane), word(src + 3 * plane)), order);
         float* dst = xf + (i * f.Wf + j) * f.D + r * 16;
-#if defined(__AVX512F__)
         _mm512_storeu_ps(dst, _mm512_div_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)), _mm512_set1_ps(255.0f)));
-#else
-        const __m256 scale = _mm256_set1_ps(255.0f);
-        _mm256_storeu_ps(dst, _mm256_div_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), scale));
-        _mm256_storeu_ps(dst + 8, _mm256_div_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))), scale));
-#endif
       }
 }
-#endif
 
 void fold_frame(const uint8_t* x, const Fold& f, float* xf, float* row) {
-#if defined(__AVX2__)
   if (f.s == 4 && f.C == 4) return fold_frame_4x4(x, f, xf);
-#endif
   fold_frame_any(x, f, xf, row);
 }
 
-// Whether frames [B, C, H, W] fold at stride s for a kernel [k, k, depth, 32].
-template <typename Dims>
-bool folds(const Dims& xd, int64_t s, int64_t k, int64_t depth) {
-  return s >= 1 && k >= 1 && xd[2] >= k * s && xd[3] >= k * s && depth == s * s * xd[1];
+// The fold of frames [B, C, H, W] at stride s for a kernel [k, k, s*s*C, 32] (s*s*C a multiple of 8), or an
+// error saying what the shapes must be.
+ffi::Error fold_shape(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> kd, int64_t s, Fold& fold) {
+  const int64_t k = kd[0];
+  if (xd.size() != 4 || s < 1 || k < 1 || kd[1] != k || kd[3] != kOut || xd[2] < k * s || xd[3] < k * s ||
+      kd[2] != s * s * xd[1] || kd[2] % 8)
+    return ffi::Error::InvalidArgument(
+        "ppo_eqx first_conv: frames must be [B, C, H, W] with H, W >= k*s, and the kernel [k, k, s*s*C, 32] with "
+        "s*s*C a multiple of 8");
+  fold = Fold(xd[1], xd[2], xd[3], s, k);
+  return ffi::Error::Success();
 }
-
-const char kBadFold[] =
-    "ppo_eqx first_conv: frames must be [B, C, H, W] with H, W >= k*s, and the kernel [k, k, s*s*C, 32]";
 
 // Outputs (i, j0) .. (i, j0 + J - 1), all 32 channels, kept in 2J registers over the k*k*D products.
 template <int J>
@@ -177,12 +171,9 @@ void forward_strip(const float* xf, int64_t W, int64_t D, int64_t k, const float
 
 ffi::Error ForwardImpl(ffi::ThreadPool pool, Frames x, Array4 kernel, Vector bias, int64_t stride,
                        ffi::Result<Array4> y) {
-  const auto kd = kernel.dimensions();
-  const int64_t B = x.dimensions()[0], k = kd[0];
-  if (kd[1] != k || kd[3] != kOut) return ffi::Error::InvalidArgument("ppo_eqx first_conv: kernel must be [k, k, D, 32]");
-  const auto xd = x.dimensions();
-  if (!folds(xd, stride, k, kd[2])) return ffi::Error::InvalidArgument(kBadFold);
-  const Fold f(xd[1], xd[2], xd[3], stride, k);
+  Fold f;
+  if (auto error = fold_shape(x.dimensions(), kernel.dimensions(), stride, f); error.failure()) return error;
+  const int64_t B = x.dimensions()[0], k = kernel.dimensions()[0];
   const int64_t OH = f.Hf - k + 1, OW = f.Wf - k + 1;
   const uint8_t* xp = x.typed_data();
   const float* kp = kernel.typed_data();
@@ -233,14 +224,13 @@ void weight_gradient_frame(const float* xf, const float* dy, int64_t W, int64_t 
 
 ffi::Error WeightGradientImpl(ffi::ThreadPool pool, Frames x, Array4 dy, int64_t stride,
                               ffi::Result<Array4> dkernel) {
-  const auto gd = dy.dimensions(), kd = dkernel->dimensions();
-  const int64_t B = x.dimensions()[0], k = kd[0];
-  const auto xd = x.dimensions();
-  if (!folds(xd, stride, k, kd[2])) return ffi::Error::InvalidArgument(kBadFold);
-  const Fold f(xd[1], xd[2], xd[3], stride, k);
+  Fold f;
+  if (auto error = fold_shape(x.dimensions(), dkernel->dimensions(), stride, f); error.failure()) return error;
+  const auto gd = dy.dimensions();
+  const int64_t B = x.dimensions()[0], k = dkernel->dimensions()[0];
   const int64_t OH = f.Hf - k + 1, OW = f.Wf - k + 1, taps = k * k * f.D * kOut;
-  if (kd[1] != k || kd[3] != kOut || f.D % 8 || gd[0] != B || gd[1] != OH || gd[2] != OW || gd[3] != kOut)
-    return ffi::Error::InvalidArgument("ppo_eqx first_conv: dy must be the layer's output shape, s*s*C a multiple of 8");
+  if (gd[0] != B || gd[1] != OH || gd[2] != OW || gd[3] != kOut)
+    return ffi::Error::InvalidArgument("ppo_eqx first_conv: dy must be the layer's output shape");
   const uint8_t* xp = x.typed_data();
   const float* gp = dy.typed_data();
   // One partial sum per chunk (thread), added up at the end.
