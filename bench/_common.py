@@ -2,11 +2,12 @@
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,40 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conv-impl", choices=CONV_IMPLS, default=PPOConfig().conv_impl)
     parser.add_argument("--minibatch-unroll", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+
+
+ISA_CAPS = {"avx2": "AVX2", "avx512": "AVX512"}
+"""``--isa``'s values, each ``$PPO_EQX_KERNEL_ISA`` and the ``--xla_cpu_max_isa`` it sets."""
+
+
+def add_isa_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--isa",
+        choices=sorted(ISA_CAPS),
+        default=None,
+        help="run as on a CPU with this ISA at most: the CPU kernel built for it ($PPO_EQX_KERNEL_ISA) and XLA's "
+        "own code capped at it (XLA_FLAGS=--xla_cpu_max_isa); the script restarts itself with both set, so that "
+        "they hold from before jax starts (default: this CPU's own)",
+    )
+
+
+def isa_environment(isa: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with the CPU kernel built for ``isa`` and XLA's code capped at it (any other cap replaced)."""
+    flags = [flag for flag in environ.get("XLA_FLAGS", "").split() if not flag.startswith("--xla_cpu_max_isa=")]
+    flags.append(f"--xla_cpu_max_isa={ISA_CAPS[isa]}")
+    return {**environ, "PPO_EQX_KERNEL_ISA": isa, "XLA_FLAGS": " ".join(flags)}
+
+
+def run_as_isa(isa: str | None) -> None:
+    """Restart this script under ``isa_environment(isa)`` unless it already runs so (or ``isa`` is None). XLA
+    reads its flags when its CPU backend starts, and the kernel is built once a process, so both must be set
+    before either: a new process is the sure way."""
+    if isa is None:
+        return
+    environ = isa_environment(isa, os.environ)
+    if environ != dict(os.environ):
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable, *sys.argv], environ)
 
 
 def config_from_args(args: argparse.Namespace, **changes: Any) -> PPOConfig:

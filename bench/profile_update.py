@@ -23,10 +23,11 @@ from pathlib import Path
 
 
 def parse_args() -> argparse.Namespace:
-    from _common import add_config_args
+    from _common import add_config_args, add_isa_arg
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser)
+    add_isa_arg(parser)
     parser.add_argument("--all-cores", action="store_true", help="do not pin to one core (op times then overlap)")
     parser.add_argument("--calls", type=int, default=3, help="traced calls of the whole update (default: 3)")
     parser.add_argument("--top", type=int, default=30, help="ops listed, the slowest first (default: 30)")
@@ -119,6 +120,9 @@ def thunk_times_us(trace_dir: str) -> dict[str, float]:
 
 def main() -> None:
     args = parse_args()
+    from _common import run_as_isa
+
+    run_as_isa(args.isa)
     if not args.all_cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before XLA sizes its thread pools
 
@@ -128,6 +132,7 @@ def main() -> None:
     import numpy as np
     from _common import config_from_args, environment, matmul_rate, write_results
 
+    from ppo_eqx import cpu_kernel
     from ppo_eqx._types import Batch
     from ppo_eqx.envs import env_spec
     from ppo_eqx.networks import ActorCritic
@@ -206,6 +211,9 @@ def main() -> None:
     products = sum(ms for name, ms in ops.items() if product_flops(name, table))
     header = {
         "environment": environment(),
+        "conv_impl": model.conv_impl,
+        "kernel_isa": cpu_kernel.isa() if model.conv_impl == "kernel" else None,
+        "isa_cap": args.isa,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "matmul_gflops": flop_rate / 1e9,
         "update_ms": update_ms,

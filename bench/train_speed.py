@@ -13,15 +13,22 @@ so the result is also given as a fraction of what this machine can do, and proje
 With ``--async-batch-size R`` the loop steps EnvPool's async pool (``num_envs`` envs, R per receive; a batch
 is ``num_steps * R``), and the env-only ceiling is that pool's receive/send loop. ``cpu_s_per_1k_steps`` is
 the process's CPU time (all threads, EnvPool's included) over the timed iterations, per 1000 env steps.
+
+With ``--isa avx2`` the whole program runs as on an AVX2 CPU (AMD Zen 1-3, most laptops): the CPU kernel built
+for AVX2 and XLA's own code (the matmul rate of the limit too) capped at AVX2; the JSON records both.
+
+    python bench/train_speed.py --isa avx2 --json bench/results/train_speed_avx2.json
 """
 
 import argparse
+import os
 import statistics
 import time
 
 import jax
 from _common import (
     add_config_args,
+    add_isa_arg,
     async_env_only_sps,
     compute_limit_sps,
     config_from_args,
@@ -31,10 +38,11 @@ from _common import (
     matmul_rate,
     model_flops,
     peak_rss_mib,
+    run_as_isa,
     write_results,
 )
 
-from ppo_eqx import Trainer, make_async_pool, make_pool
+from ppo_eqx import Trainer, cpu_kernel, make_async_pool, make_pool
 from ppo_eqx.networks import choose_conv_impl
 from ppo_eqx.train import run
 
@@ -42,6 +50,7 @@ from ppo_eqx.train import run
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_config_args(parser)
+    add_isa_arg(parser)
     parser.add_argument(
         "--warmup",
         type=int,
@@ -60,6 +69,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    run_as_isa(args.isa)
     total_iterations = args.warmup + args.iterations
     # CleanRL's hyperparameters; total_timesteps only sets the learning-rate annealing horizon.
     config = config_from_args(args, async_batch_size=args.async_batch_size)
@@ -130,9 +140,13 @@ def main() -> None:
             "peak_rss_mib": peak_rss_mib(),
         }
     ]
+    conv_impl = choose_conv_impl(config.conv_impl, spec.obs_shape)  # what "auto" chose
     header = {
         "environment": environment(),
-        "conv_impl": choose_conv_impl(config.conv_impl, spec.obs_shape),  # what "auto" chose
+        "conv_impl": conv_impl,
+        "kernel_isa": cpu_kernel.isa() if conv_impl == "kernel" else None,  # what the kernel was built for
+        "isa_cap": args.isa,  # None: this CPU's own ISA
+        "xla_flags": os.environ.get("XLA_FLAGS"),
         **ceilings,
         "matmul_gflops_before_after": [matmul_before / 1e9, matmul_after / 1e9],
         "setup_s": setup_s,

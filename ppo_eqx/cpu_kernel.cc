@@ -11,11 +11,13 @@
 //
 // Registered with XLA through its FFI (xla/ffi/api/ffi.h, shipped with jaxlib); built by cpu_kernel.py.
 
-// The kernels hold 16-float vectors (v16) in registers, 24-28 at a time. Without AVX-512, GCC splits each into
-// 128-bit pieces kept on the stack: measured, an update ran about 80 times slower than with AVX-512. So the
-// kernel is not built there, and conv_impl="auto" takes the matmul route.
-#if !defined(__AVX512F__)
-#error "ppo_eqx's CPU kernel needs AVX-512 (-march=native found none), the matmul route is used instead"
+// The kernels hold float vectors (vf) of one machine register: 16 floats with AVX-512 (32 registers), 8 with
+// AVX2 (16 registers); FMA in both. Each register block (the sums a kernel keeps over its whole reduction) is
+// sized for its register file, so that nothing spills: built for AVX2, the AVX-512 blocks of 16-float vectors
+// were split by GCC into 128-bit pieces kept on the stack, and an update ran about 80 times slower. Without
+// AVX2 and FMA the kernel is not built, and conv_impl="auto" takes the matmul route.
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "ppo_eqx's CPU kernel needs AVX2 and FMA (not in the -march it was built for), the matmul route is used instead"
 #endif
 
 #include <algorithm>
@@ -26,6 +28,7 @@
 #include <immintrin.h>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -34,17 +37,52 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// 16 floats (one AVX-512 register where the machine has them); unaligned loads and stores.
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-constexpr int64_t kOut = 32;  // output channels: two v16 per position
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;  // floats in one vector register
+constexpr int kMaxVectors = 4;  // channel vectors of one register block; more channels take more passes
+// Register blocks (of 32 registers): positions x vectors of output channels for the forward passes and the input
+// gradient, input taps x vectors for the weight gradients.
+constexpr int kFirstPositions = 10;  // first_conv forward: 10 x 2 (32 channels)
+constexpr int kFirstTaps = 8;  // first_conv weight gradient: 8 x 2
+constexpr int kConvPositions = 6;  // conv forward: 6 x 4 (64 channels)
+constexpr int kConvTaps = 6;  // conv weight gradient: 6 x 4
+constexpr int kInputGradientSums = 24;  // conv input gradient: 24 / Q positions x Q (C = 16 Q channels)
+#else
+constexpr int kLanes = 8;
+constexpr int kMaxVectors = 2;
+// Of 16 registers: 12 sums (6 x 2 vectors, 16 channels at a time), 2 loaded vectors and 1 broadcast.
+constexpr int kFirstPositions = 6;
+constexpr int kFirstTaps = 6;
+constexpr int kConvPositions = 6;
+constexpr int kConvTaps = 6;
+constexpr int kInputGradientSums = 12;
+#endif
+typedef float vf __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));  // unaligned loads, stores
+constexpr int64_t kOut = 32;  // first_conv's output channels
+
+// Vectors of output channels per register block for `channels` of them: all where they fit.
+constexpr int vectors_for(int64_t channels) {
+  return static_cast<int>(std::min<int64_t>(channels / kLanes, kMaxVectors));
+}
 
 // Named so that XLA's handler macros, which split their arguments on commas, can take them.
 using Frames = ffi::Buffer<ffi::U8, 4>;
 using Array4 = ffi::Buffer<ffi::F32, 4>;
 using Vector = ffi::Buffer<ffi::F32, 1>;
 
-inline v16 load(const float* p) { return *reinterpret_cast<const v16*>(p); }
-inline void store(float* p, v16 v) { *reinterpret_cast<v16*>(p) = v; }
+inline vf load(const float* p) { return *reinterpret_cast<const vf*>(p); }
+inline void store(float* p, vf v) { *reinterpret_cast<vf*>(p) = v; }
+
+// strip(std::integral_constant<int, J>(), first) for first = 0, J, 2 J, ... while J fit in n, then once for the
+// rest (fewer than J) as a strip of its own size: a register block of J positions (or taps) at a time.
+template <int J, typename Strip>
+void in_strips(int64_t n, Strip&& strip) {
+  int64_t first = 0;
+  for (; first + J <= n; first += J) strip(std::integral_constant<int, J>(), first);
+  if constexpr (J > 1) {
+    if (first < n) in_strips<J - 1>(n - first, [&](auto size, int64_t rest) { strip(size, first + rest); });
+  }
+}
 
 struct Work {
   std::atomic<int64_t> next{0};
@@ -125,7 +163,13 @@ void fold_frame_4x4(const uint8_t* x, const Fold& f, float* xf) {
         const __m128i bytes = _mm_shuffle_epi8(
             _mm_setr_epi32(word(src), word(src + plane), word(src + 2 * plane), word(src + 3 * plane)), order);
         float* dst = xf + (i * f.Wf + j) * f.D + r * 16;
+#if defined(__AVX512F__)
         _mm512_storeu_ps(dst, _mm512_div_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)), _mm512_set1_ps(255.0f)));
+#else
+        const __m256 scale = _mm256_set1_ps(255.0f);
+        _mm256_storeu_ps(dst, _mm256_div_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), scale));
+        _mm256_storeu_ps(dst + 8, _mm256_div_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8))), scale));
+#endif
       }
 }
 
@@ -147,26 +191,29 @@ ffi::Error fold_shape(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> kd, 
   return ffi::Error::Success();
 }
 
-// Outputs (i, j0) .. (i, j0 + J - 1), all 32 channels, kept in 2J registers over the k*k*D products.
-template <int J>
+// Outputs (i, j0) .. (i, j0 + J - 1), channels o0 .. o0 + Q * kLanes - 1, kept in J * Q registers over the k*k*D
+// products.
+template <int J, int Q>
 void forward_strip(const float* xf, int64_t W, int64_t D, int64_t k, const float* kernel, const float* bias,
-                   int64_t i, int64_t j0, float* out) {
-  v16 lo[J], hi[J];
-  for (int j = 0; j < J; ++j) lo[j] = load(bias), hi[j] = load(bias + 16);
+                   int64_t i, int64_t j0, int64_t o0, float* out) {
+  vf acc[J][Q];
+  for (int j = 0; j < J; ++j)
+    for (int q = 0; q < Q; ++q) acc[j][q] = load(bias + o0 + q * kLanes);
   for (int64_t a = 0; a < k; ++a)
     for (int64_t b = 0; b < k; ++b) {
-      const float* kab = kernel + (a * k + b) * D * kOut;
+      const float* kab = kernel + (a * k + b) * D * kOut + o0;
       const float* xab = xf + ((i + a) * W + j0 + b) * D;
       for (int64_t d = 0; d < D; ++d) {
-        const v16 k_lo = load(kab + d * kOut), k_hi = load(kab + d * kOut + 16);
+        vf kv[Q];
+        for (int q = 0; q < Q; ++q) kv[q] = load(kab + d * kOut + q * kLanes);
         for (int j = 0; j < J; ++j) {
           const float v = xab[j * D + d];
-          lo[j] += v * k_lo;
-          hi[j] += v * k_hi;
+          for (int q = 0; q < Q; ++q) acc[j][q] += v * kv[q];
         }
       }
     }
-  for (int j = 0; j < J; ++j) store(out + j * kOut, lo[j]), store(out + j * kOut + 16, hi[j]);
+  for (int j = 0; j < J; ++j)
+    for (int q = 0; q < Q; ++q) store(out + j * kOut + o0 + q * kLanes, acc[j][q]);
 }
 
 ffi::Error ForwardImpl(ffi::ThreadPool pool, Frames x, Array4 kernel, Vector bias, int64_t stride,
@@ -185,41 +232,54 @@ ffi::Error ForwardImpl(ffi::ThreadPool pool, Frames x, Array4 kernel, Vector bia
     for (int64_t n = B * c / chunks; n < B * (c + 1) / chunks; ++n) {
       fold_frame(xp + n * f.frame(), f, xf.data(), row.data());
       float* out = yp + n * OH * OW * kOut;
-      for (int64_t i = 0; i < OH; ++i) {
-        int64_t j = 0;
-        for (; j + 10 <= OW; j += 10)
-          forward_strip<10>(xf.data(), f.Wf, f.D, k, kp, bp, i, j, out + (i * OW + j) * kOut);
-        for (; j < OW; ++j) forward_strip<1>(xf.data(), f.Wf, f.D, k, kp, bp, i, j, out + (i * OW + j) * kOut);
-      }
+      for (int64_t i = 0; i < OH; ++i)
+        in_strips<kFirstPositions>(OW, [&](auto size, int64_t j) {
+          constexpr int Q = vectors_for(kOut);
+          for (int64_t o0 = 0; o0 < kOut; o0 += Q * kLanes)
+            forward_strip<size(), Q>(xf.data(), f.Wf, f.D, k, kp, bp, i, j, o0, out + (i * OW + j) * kOut);
+        });
     }
   });
   return ffi::Error::Success();
 }
 
-// dkernel[a, b, d, :] += sum over the frame's outputs (i, j) of x[i + a, j + b, d] * dy[i, j, :], for eight
-// d at a time: 16 registers of sums, two loads of dy and eight broadcasts of x per 16 multiply-adds.
+// dkernel[a, b, d0 .. d0 + T - 1, o0 .. o0 + Q * kLanes - 1] += sum over the frame's outputs (i, j) of
+// x[i + a, j + b, d] * dy[i, j, o]: T * Q registers of sums, Q loads of dy and T broadcasts of x per T * Q
+// multiply-adds.
+template <int T, int Q>
+void weight_gradient_block(const float* xf, const float* dy, int64_t W, int64_t D, int64_t OH, int64_t OW,
+                           int64_t a, int64_t b, int64_t d0, int64_t o0, float* o) {
+  vf acc[T][Q];
+  for (int t = 0; t < T; ++t)
+    for (int q = 0; q < Q; ++q) acc[t][q] = load(o + t * kOut + q * kLanes);
+  for (int64_t i = 0; i < OH; ++i) {
+    const float* xr = xf + ((i + a) * W + b) * D + d0;
+    const float* gr = dy + i * OW * kOut + o0;
+    for (int64_t j = 0; j < OW; ++j) {
+      vf g[Q];
+      for (int q = 0; q < Q; ++q) g[q] = load(gr + j * kOut + q * kLanes);
+      const float* xv = xr + j * D;
+      for (int t = 0; t < T; ++t) {
+        const float v = xv[t];
+        for (int q = 0; q < Q; ++q) acc[t][q] += v * g[q];
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int q = 0; q < Q; ++q) store(o + t * kOut + q * kLanes, acc[t][q]);
+}
+
+// dkernel += the frame's weight gradient, kFirstTaps taps of depth at a time.
 void weight_gradient_frame(const float* xf, const float* dy, int64_t W, int64_t D, int64_t k, int64_t OH,
                            int64_t OW, float* dkernel) {
   for (int64_t a = 0; a < k; ++a)
     for (int64_t b = 0; b < k; ++b)
-      for (int64_t d0 = 0; d0 < D; d0 += 8) {
-        float* o = dkernel + ((a * k + b) * D + d0) * kOut;
-        v16 lo[8], hi[8];
-        for (int t = 0; t < 8; ++t) lo[t] = load(o + t * kOut), hi[t] = load(o + t * kOut + 16);
-        for (int64_t i = 0; i < OH; ++i) {
-          const float* xr = xf + ((i + a) * W + b) * D + d0;
-          const float* gr = dy + i * OW * kOut;
-          for (int64_t j = 0; j < OW; ++j) {
-            const v16 g_lo = load(gr + j * kOut), g_hi = load(gr + j * kOut + 16);
-            const float* xv = xr + j * D;
-            for (int t = 0; t < 8; ++t) {
-              lo[t] += xv[t] * g_lo;
-              hi[t] += xv[t] * g_hi;
-            }
-          }
-        }
-        for (int t = 0; t < 8; ++t) store(o + t * kOut, lo[t]), store(o + t * kOut + 16, hi[t]);
-      }
+      in_strips<kFirstTaps>(D, [&](auto taps, int64_t d0) {
+        constexpr int Q = vectors_for(kOut);
+        for (int64_t o0 = 0; o0 < kOut; o0 += Q * kLanes)
+          weight_gradient_block<taps(), Q>(xf, dy, W, D, OH, OW, a, b, d0, o0,
+                                           dkernel + ((a * k + b) * D + d0) * kOut + o0);
+      });
 }
 
 ffi::Error WeightGradientImpl(ffi::ThreadPool pool, Frames x, Array4 dy, int64_t stride,
@@ -253,34 +313,31 @@ ffi::Error WeightGradientImpl(ffi::ThreadPool pool, Frames x, Array4 dy, int64_t
 // shifted sums then drop (23% and 29% more products than the layers have for conv2 and conv3), and
 // relayouts its inputs and cotangents around each product. Each output position reads its window straight
 // from the input: position p's window starts at base[p], tap (a, b) at base[p] + (a * W + b) * C.
-constexpr int64_t kConv = 64;  // output channels: four v16
+constexpr int64_t kConv = 64;  // output channels
 
-// Outputs of J positions (their windows at base[0..J-1]), all 64 channels, kept in 4J registers over the
-// k*k*C products; written to out[0 .. 64 J).
-template <int J>
+// Outputs of J positions (their windows at base[0..J-1]), channels o0 .. o0 + Q * kLanes - 1, kept in J * Q
+// registers over the k*k*C products; written to out[0 .. 64 J) (rows of 64 channels).
+template <int J, int Q>
 void conv_forward_strip(const float* const* base, int64_t W, int64_t C, int64_t k, const float* kernel,
-                        const float* bias, float* out) {
-  v16 acc[J][4];
+                        const float* bias, int64_t o0, float* out) {
+  vf acc[J][Q];
   for (int j = 0; j < J; ++j)
-    for (int q = 0; q < 4; ++q) acc[j][q] = load(bias + 16 * q);
+    for (int q = 0; q < Q; ++q) acc[j][q] = load(bias + o0 + q * kLanes);
   for (int64_t a = 0; a < k; ++a)
     for (int64_t b = 0; b < k; ++b) {
       const int64_t off = (a * W + b) * C;
-      const float* kab = kernel + (a * k + b) * C * kConv;
+      const float* kab = kernel + (a * k + b) * C * kConv + o0;
       for (int64_t c = 0; c < C; ++c) {
-        const float* kc = kab + c * kConv;
-        const v16 k0 = load(kc), k1 = load(kc + 16), k2 = load(kc + 32), k3 = load(kc + 48);
+        vf kv[Q];
+        for (int q = 0; q < Q; ++q) kv[q] = load(kab + c * kConv + q * kLanes);
         for (int j = 0; j < J; ++j) {
           const float v = base[j][off + c];
-          acc[j][0] += v * k0;
-          acc[j][1] += v * k1;
-          acc[j][2] += v * k2;
-          acc[j][3] += v * k3;
+          for (int q = 0; q < Q; ++q) acc[j][q] += v * kv[q];
         }
       }
     }
   for (int j = 0; j < J; ++j)
-    for (int q = 0; q < 4; ++q) store(out + j * kConv + 16 * q, acc[j][q]);
+    for (int q = 0; q < Q; ++q) store(out + j * kConv + o0 + q * kLanes, acc[j][q]);
 }
 
 // The window starts of a frame's OH x OW output positions, in output order.
@@ -321,38 +378,37 @@ ffi::Error ConvForwardImpl(ffi::ThreadPool pool, Array4 x, Array4 kernel, Vector
     for (int64_t n = sh.B * c / chunks; n < sh.B * (c + 1) / chunks; ++n) {
       window_starts(xp + n * sh.H * sh.W * sh.C, sh.W, sh.C, sh.s, sh.OH, sh.OW, base);
       float* out = yp + n * positions * kConv;
-      int64_t p = 0;
-      for (; p + 6 <= positions; p += 6)
-        conv_forward_strip<6>(base.data() + p, sh.W, sh.C, sh.k, kp, bp, out + p * kConv);
-      for (; p + 3 <= positions; p += 3)
-        conv_forward_strip<3>(base.data() + p, sh.W, sh.C, sh.k, kp, bp, out + p * kConv);
-      for (; p < positions; ++p) conv_forward_strip<1>(base.data() + p, sh.W, sh.C, sh.k, kp, bp, out + p * kConv);
+      in_strips<kConvPositions>(positions, [&](auto size, int64_t p) {
+        constexpr int Q = vectors_for(kConv);
+        for (int64_t o0 = 0; o0 < kConv; o0 += Q * kLanes)
+          conv_forward_strip<size(), Q>(base.data() + p, sh.W, sh.C, sh.k, kp, bp, o0, out + p * kConv);
+      });
     }
   });
   return ffi::Error::Success();
 }
 
-// dkernel[a, b, c0 .. c0 + T, :] += sum over a frame's P positions of x[window + tap (a, b), c] * dy[p, :]:
-// 4T registers of sums, four loads of dy and T broadcasts of x per 4T multiply-adds.
-template <int T>
-void conv_weight_gradient_block(const float* const* base, const float* dy, int64_t P, int64_t off, float* o) {
-  v16 acc[T][4];
+// dkernel[a, b, c0 .. c0 + T - 1, o0 .. o0 + Q * kLanes - 1] += sum over a frame's P positions of
+// x[window + tap (a, b), c] * dy[p, o]: T * Q registers of sums, Q loads of dy and T broadcasts of x per T * Q
+// multiply-adds. `off` is the tap's offset plus c0 within a window; `o` points at dkernel[a, b, c0, o0].
+template <int T, int Q>
+void conv_weight_gradient_block(const float* const* base, const float* dy, int64_t P, int64_t off, int64_t o0,
+                                float* o) {
+  vf acc[T][Q];
   for (int t = 0; t < T; ++t)
-    for (int q = 0; q < 4; ++q) acc[t][q] = load(o + t * kConv + 16 * q);
+    for (int q = 0; q < Q; ++q) acc[t][q] = load(o + t * kConv + q * kLanes);
   for (int64_t p = 0; p < P; ++p) {
-    const float* g = dy + p * kConv;
-    const v16 g0 = load(g), g1 = load(g + 16), g2 = load(g + 32), g3 = load(g + 48);
+    const float* g = dy + p * kConv + o0;
+    vf gv[Q];
+    for (int q = 0; q < Q; ++q) gv[q] = load(g + q * kLanes);
     const float* xv = base[p] + off;
     for (int t = 0; t < T; ++t) {
       const float v = xv[t];
-      acc[t][0] += v * g0;
-      acc[t][1] += v * g1;
-      acc[t][2] += v * g2;
-      acc[t][3] += v * g3;
+      for (int q = 0; q < Q; ++q) acc[t][q] += v * gv[q];
     }
   }
   for (int t = 0; t < T; ++t)
-    for (int q = 0; q < 4; ++q) store(o + t * kConv + 16 * q, acc[t][q]);
+    for (int q = 0; q < Q; ++q) store(o + t * kConv + q * kLanes, acc[t][q]);
 }
 
 ffi::Error ConvWeightGradientImpl(ffi::ThreadPool pool, Array4 x, Array4 dy, int64_t stride,
@@ -377,9 +433,11 @@ ffi::Error ConvWeightGradientImpl(ffi::ThreadPool pool, Array4 x, Array4 dy, int
         for (int64_t b = 0; b < sh.k; ++b) {
           const int64_t off = (a * sh.W + b) * sh.C;
           float* o = sums + (a * sh.k + b) * sh.C * kConv;
-          int64_t c0 = 0;
-          for (; c0 + 6 <= sh.C; c0 += 6) conv_weight_gradient_block<6>(base.data(), g, P, off + c0, o + c0 * kConv);
-          for (; c0 + 2 <= sh.C; c0 += 2) conv_weight_gradient_block<2>(base.data(), g, P, off + c0, o + c0 * kConv);
+          in_strips<kConvTaps>(sh.C, [&](auto taps, int64_t c0) {
+            constexpr int Q = vectors_for(kConv);
+            for (int64_t o0 = 0; o0 < kConv; o0 += Q * kLanes)
+              conv_weight_gradient_block<taps(), Q>(base.data(), g, P, off + c0, o0, o + c0 * kConv + o0);
+          });
         }
     }
   });
@@ -388,16 +446,15 @@ ffi::Error ConvWeightGradientImpl(ffi::ThreadPool pool, Array4 x, Array4 dy, int
 }
 
 // dx at J input positions of one row, columns q0, q0 + s, ..., all sharing the residue of q0 modulo s and so
-// the same taps: dx[p, q] = sum over taps (a, b) with s | (p - a), s | (q - b) of
-// kernel[a, b] . dy[(p - a) / s, (q - b) / s]. dy is padded by k positions on every side (zeros), so that
-// every tap reads inside it; kernel_t is the kernel as [k, k, 64, C]. NV = C / 16 registers per position.
-template <int J, int NV>
-void conv_input_gradient_strip(const float* dy_pad, int64_t OHp, int64_t OWp, int64_t k, int64_t s, int64_t p,
-                               int64_t q0, const float* kernel_t, float* dx, int64_t dx_step) {
-  constexpr int64_t C = 16 * NV;
-  v16 acc[J][NV];
+// the same taps, channels c0 .. c0 + Q * kLanes - 1 of C: dx[p, q] = sum over taps (a, b) with s | (p - a),
+// s | (q - b) of kernel[a, b] . dy[(p - a) / s, (q - b) / s]. dy is padded by k positions on every side
+// (zeros), so that every tap reads inside it; kernel_t is the kernel as [k, k, 64, C]. J * Q registers of sums.
+template <int J, int Q>
+void conv_input_gradient_strip(const float* dy_pad, int64_t OHp, int64_t OWp, int64_t k, int64_t s, int64_t C,
+                               int64_t p, int64_t q0, int64_t c0, const float* kernel_t, float* dx, int64_t dx_step) {
+  vf acc[J][Q];
   for (int t = 0; t < J; ++t)
-    for (int v = 0; v < NV; ++v) acc[t][v] = v16{};
+    for (int v = 0; v < Q; ++v) acc[t][v] = vf{};
   for (int64_t a = 0; a < k; ++a) {
     if ((p + s * k - a) % s) continue;
     const int64_t ip = (p + s * k - a) / s;
@@ -407,42 +464,46 @@ void conv_input_gradient_strip(const float* dy_pad, int64_t OHp, int64_t OWp, in
       const int64_t jp = (q0 + s * k - b) / s;
       if (jp + J <= k || jp >= OWp - k) continue;  // only columns of padding
       const float* g = dy_pad + (ip * OWp + jp) * kConv;
-      const float* kt = kernel_t + (a * k + b) * kConv * C;
+      const float* kt = kernel_t + (a * k + b) * kConv * C + c0;
       for (int64_t o = 0; o < kConv; ++o) {
-        v16 kv[NV];
-        for (int v = 0; v < NV; ++v) kv[v] = load(kt + o * C + 16 * v);
+        vf kv[Q];
+        for (int v = 0; v < Q; ++v) kv[v] = load(kt + o * C + v * kLanes);
         for (int t = 0; t < J; ++t) {
           const float d = g[t * kConv + o];
-          for (int v = 0; v < NV; ++v) acc[t][v] += d * kv[v];
+          for (int v = 0; v < Q; ++v) acc[t][v] += d * kv[v];
         }
       }
     }
   }
   for (int t = 0; t < J; ++t)
-    for (int v = 0; v < NV; ++v) store(dx + t * dx_step + 16 * v, acc[t][v]);
+    for (int v = 0; v < Q; ++v) store(dx + t * dx_step + c0 + v * kLanes, acc[t][v]);
 }
 
-// The n columns q0, q0 + s, ... of input row p in strips of J, then of fewer for the rest.
-template <int J, int NV>
-void conv_input_gradient_strips(int64_t n, const float* dy_pad, int64_t OWp, const ConvShape& sh, int64_t p,
-                                int64_t q0, const float* kernel_t, float* dx) {
-  if constexpr (J > 0) {
-    constexpr int64_t C = 16 * NV;
-    for (; n >= J; n -= J, q0 += J * sh.s, dx += J * sh.s * C)
-      conv_input_gradient_strip<J, NV>(dy_pad, sh.OH + 2 * sh.k, OWp, sh.k, sh.s, p, q0, kernel_t, dx, sh.s * C);
-    conv_input_gradient_strips<J - 1, NV>(n, dy_pad, OWp, sh, p, q0, kernel_t, dx);
-  }
-}
-
-template <int NV>
+// A frame's dx, Q vectors of channels (C / (Q * kLanes) blocks of them) at kInputGradientSums / Q positions at a
+// time.
+template <int Q>
 void conv_input_gradient_frame(const float* dy_pad, int64_t OWp, const ConvShape& sh, const float* kernel_t,
                                float* dx) {
-  const int64_t C = 16 * NV, rows = sh.s * (sh.OH - 1) + sh.k, cols = sh.s * (sh.OW - 1) + sh.k;
+  const int64_t C = sh.C, rows = sh.s * (sh.OH - 1) + sh.k, cols = sh.s * (sh.OW - 1) + sh.k;
   std::memset(dx, 0, sh.H * sh.W * C * sizeof(float));  // rows and columns past the last window stay zero
   for (int64_t p = 0; p < rows; ++p)
     for (int64_t r = 0; r < std::min(sh.s, cols); ++r)  // columns r, r + s, ... below cols
-      conv_input_gradient_strips<24 / NV, NV>((cols - r + sh.s - 1) / sh.s, dy_pad, OWp, sh, p, r, kernel_t,
-                                              dx + (p * sh.W + r) * C);
+      in_strips<kInputGradientSums / Q>((cols - r + sh.s - 1) / sh.s, [&](auto size, int64_t first) {
+        const int64_t q0 = r + first * sh.s;
+        for (int64_t c0 = 0; c0 < C; c0 += Q * kLanes)
+          conv_input_gradient_strip<size(), Q>(dy_pad, sh.OH + 2 * sh.k, OWp, sh.k, sh.s, C, p, q0, c0, kernel_t,
+                                               dx + (p * sh.W + q0) * C, sh.s * C);
+      });
+}
+
+// conv_input_gradient_frame<vectors> for vectors <= Q (and at least one multiple of 16 channels).
+template <int Q>
+void conv_input_gradient_frame_of(int vectors, const float* dy_pad, int64_t OWp, const ConvShape& sh,
+                                  const float* kernel_t, float* dx) {
+  if constexpr (Q > vectors_for(16)) {
+    if (vectors < Q) return conv_input_gradient_frame_of<Q - 1>(vectors, dy_pad, OWp, sh, kernel_t, dx);
+  }
+  conv_input_gradient_frame<Q>(dy_pad, OWp, sh, kernel_t, dx);
 }
 
 ffi::Error ConvInputGradientImpl(ffi::ThreadPool pool, Array4 dy, Array4 kernel_t, int64_t stride,
@@ -465,12 +526,7 @@ ffi::Error ConvInputGradientImpl(ffi::ThreadPool pool, Array4 dy, Array4 kernel_
         std::memcpy(dy_pad.data() + ((i + sh.k) * OWp + sh.k) * kConv, g + i * sh.OW * kConv,
                     sh.OW * kConv * sizeof(float));
       float* out = xp + n * sh.H * sh.W * sh.C;
-      switch (sh.C / 16) {
-        case 1: conv_input_gradient_frame<1>(dy_pad.data(), OWp, sh, kp, out); break;
-        case 2: conv_input_gradient_frame<2>(dy_pad.data(), OWp, sh, kp, out); break;
-        case 3: conv_input_gradient_frame<3>(dy_pad.data(), OWp, sh, kp, out); break;
-        default: conv_input_gradient_frame<4>(dy_pad.data(), OWp, sh, kp, out); break;
-      }
+      conv_input_gradient_frame_of<kMaxVectors>(vectors_for(sh.C), dy_pad.data(), OWp, sh, kp, out);
     }
   });
   return ffi::Error::Success();
@@ -519,3 +575,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PpoEqxConvWeightGradient, ConvWeightGradientImpl,
                                   .Arg<Array4>()
                                   .Attr<int64_t>("stride")
                                   .Ret<Array4>());
+
+// The floats in one of the kernel's vectors (16: built for AVX-512; 8: for AVX2), for cpu_kernel.isa().
+extern "C" int PpoEqxVectorLanes() { return kLanes; }

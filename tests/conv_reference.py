@@ -10,8 +10,8 @@ needs_compiler = pytest.mark.skipif(
     cpu_kernel.find_compiler() is None, reason="no C++ compiler to build the CPU kernel"
 )
 needs_kernel = pytest.mark.skipif(
-    cpu_kernel.find_compiler() is None or not cpu_kernel.has_avx512(),
-    reason="the CPU kernel needs a C++ compiler and AVX-512",
+    cpu_kernel.find_compiler() is None or not cpu_kernel.cpu_supports("native"),
+    reason="the CPU kernel needs a C++ compiler and AVX2 with FMA",
 )
 
 

@@ -1,5 +1,7 @@
-"""The hand-written first convolution (``conv_impl="kernel"``) against NumPy, and how it is chosen and built."""
+"""The hand-written convolutions (``conv_impl="kernel"``) against NumPy, built for AVX-512 and for AVX2, and how
+they are chosen and built."""
 
+import contextlib
 import re
 
 import jax
@@ -29,6 +31,26 @@ SHAPES = [
     (1, 4, 39, 42, 4, 2),
     (1, 2, 17, 16, 8, 1),
 ]
+
+
+# The ISAs the kernel is built for (its vectors: 16 floats and 8), each checked where this CPU runs it.
+ISAS = [
+    pytest.param(isa, marks=pytest.mark.skipif(not cpu_kernel.cpu_supports(isa), reason=f"this CPU has no {isa}"))
+    for isa in ("avx512", "avx2")
+]
+
+
+@contextlib.contextmanager
+def built_for(isa):
+    """The kernel built for ``isa`` ($PPO_EQX_KERNEL_ISA, its own library) in the block; the one before it after."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(cpu_kernel.ISA_VARIABLE, isa)
+        cpu_kernel.load.cache_clear()
+        try:
+            assert cpu_kernel.load().isa == isa  # what the library says its vectors are
+            yield
+        finally:
+            cpu_kernel.load.cache_clear()
 
 
 def _case(shape, seed):
@@ -63,20 +85,22 @@ def _numpy_weight_gradient(x, dy, size, stride):
 
 
 @pytest.mark.subprocess  # the first test to run the kernel compiles it
-@needs_kernel
-@given(st.sampled_from(SHAPES), st.integers(0, 99))
-def test_forward_and_gradients_match_numpy(shape, seed):
+@needs_compiler
+@pytest.mark.parametrize("isa", ISAS)
+@given(shape=st.sampled_from(SHAPES), seed=st.integers(0, 99))
+def test_forward_and_gradients_match_numpy(isa, shape, seed):
     frames, kernel, bias, dy = _case(shape, seed)
     stride = shape[4]
     x = frames.transpose(0, 2, 3, 1).astype(np.float64) / 255.0
     expected = numpy_conv(x, kernel.astype(np.float64), bias, stride)
-    y, vjp = jax.vjp(
-        lambda w, c: cpu_kernel.first_conv(jnp.asarray(frames), w, c, stride),
-        jnp.asarray(_fold(kernel, stride)),
-        jnp.asarray(bias),
-    )
+    with built_for(isa):
+        y, vjp = jax.vjp(
+            lambda w, c: cpu_kernel.first_conv(jnp.asarray(frames), w, c, stride),
+            jnp.asarray(_fold(kernel, stride)),
+            jnp.asarray(bias),
+        )
+        dkernel, dbias = vjp(jnp.asarray(dy))
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
-    dkernel, dbias = vjp(jnp.asarray(dy))
     want = _fold(_numpy_weight_gradient(x, dy.astype(np.float64), kernel.shape[0], stride), stride)
     np.testing.assert_allclose(dkernel, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     np.testing.assert_allclose(dbias, dy.astype(np.float64).sum(axis=(0, 1, 2)), rtol=1e-4, atol=1e-3)
@@ -153,16 +177,18 @@ def _numpy_input_gradient(kernel, dy, x_shape, stride):
 
 
 @pytest.mark.subprocess  # the first test to run the kernel compiles it
-@needs_kernel
-@given(st.sampled_from(CONV_SHAPES), st.integers(0, 99))
-def test_conv_and_its_gradients_match_numpy(shape, seed):
+@needs_compiler
+@pytest.mark.parametrize("isa", ISAS)
+@given(shape=st.sampled_from(CONV_SHAPES), seed=st.integers(0, 99))
+def test_conv_and_its_gradients_match_numpy(isa, shape, seed):
     x, kernel, bias, dy = _conv_case(shape, seed)
     stride = shape[5]
     x64, kernel64, dy64 = x.astype(np.float64), kernel.astype(np.float64), dy.astype(np.float64)
     arrays = (jnp.asarray(x), jnp.asarray(kernel), jnp.asarray(bias))
-    y, vjp = jax.vjp(lambda *args: cpu_kernel.conv(*args, stride), *arrays)
+    with built_for(isa):
+        y, vjp = jax.vjp(lambda x, w, b: cpu_kernel.conv(x, w, b, stride), *arrays)
+        dx, dkernel, dbias = vjp(jnp.asarray(dy))
     np.testing.assert_allclose(y, numpy_conv(x64, kernel64, bias, stride), rtol=1e-4, atol=1e-4)
-    dx, dkernel, dbias = vjp(jnp.asarray(dy))
     want_dx = _numpy_input_gradient(kernel64, dy64, x.shape, stride)
     np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-4 * np.abs(want_dx).max())
     want_dkernel = _numpy_weight_gradient(x64, dy64, shape[4], stride)
@@ -249,13 +275,42 @@ def test_a_failed_build_says_which_compiler_failed(tmp_path, monkeypatch, compil
 
 @pytest.mark.subprocess
 @needs_compiler
-def test_without_avx512_the_kernel_is_not_built(tmp_path, monkeypatch):
-    # Its 16-float register blocks spill without AVX-512 (an update ran ~80x slower); the matmul route is faster.
-    flags = tuple("-march=x86-64-v3" if flag == "-march=native" else flag for flag in cpu_kernel.FLAGS)
-    monkeypatch.setattr(cpu_kernel, "FLAGS", flags)
-    with pytest.raises(cpu_kernel.KernelUnavailable, match="needs AVX-512"):
-        cpu_kernel.build(tmp_path / "kernel.so")
+@pytest.mark.skipif(not cpu_kernel.cpu_supports("avx512"), reason="compares the AVX-512 build with the AVX2 one")
+def test_the_avx2_and_avx512_builds_give_the_same_bits():
+    # Each sum is taken in the same order whatever the vector width, so the two builds agree exactly.
+    frames, kernel, bias, dy = (jnp.asarray(a) for a in _case(SHAPES[2], 0))
+    x, conv_kernel, conv_bias, conv_dy = (jnp.asarray(a) for a in _conv_case(CONV_SHAPES[0], 0))
+    kernel = jnp.asarray(_fold(np.asarray(kernel), 4))
+
+    def outputs():
+        first = jax.vjp(lambda w: cpu_kernel.first_conv(frames, w, bias, 4), kernel)
+        conv = jax.vjp(lambda x, w: cpu_kernel.conv(x, w, conv_bias, 2), x, conv_kernel)
+        return [np.asarray(a) for a in (first[0], *first[1](dy), conv[0], *conv[1](conv_dy))]
+
+    with built_for("avx512"):
+        wide = outputs()
+    with built_for("avx2"):
+        narrow = outputs()
+    for a, b in zip(wide, narrow, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.subprocess
+@needs_compiler
+def test_without_avx2_and_fma_the_kernel_is_not_built(tmp_path):
+    # x86-64-v2 has SSE4.2 but neither AVX2 nor FMA: the source refuses, so auto takes the matmul route.
+    with pytest.raises(cpu_kernel.KernelUnavailable, match="could not build cpu_kernel.cc: .*needs AVX2 and FMA"):
+        cpu_kernel.build(tmp_path / "kernel.so", "x86-64-v2")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.unit
+def test_an_unknown_isa_is_refused_with_the_ones_it_takes(monkeypatch):
+    monkeypatch.setenv(cpu_kernel.ISA_VARIABLE, "avx3")
+    with pytest.raises(
+        cpu_kernel.KernelUnavailable, match="PPO_EQX_KERNEL_ISA='avx3' is not one of native, avx512, avx2"
+    ):
+        cpu_kernel.requested_isa()
 
 
 @pytest.mark.unit
