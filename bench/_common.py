@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +33,16 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
 
 
-ISA_CAPS = {"avx2": "AVX2", "avx512": "AVX512"}
-"""``--isa``'s values, each ``$PPO_EQX_KERNEL_ISA`` and the ``--xla_cpu_max_isa`` it sets."""
+class IsaCap(NamedTuple):
+    """How ``--isa`` caps a process at an ISA: the CPU kernel's ``$PPO_EQX_KERNEL_ISA``, XLA's
+    ``--xla_cpu_max_isa`` and OpenBLAS's ``$OPENBLAS_CORETYPE`` (the reference matmul under the cap)."""
+
+    kernel: str
+    xla: str
+    openblas: str
+
+
+ISA_CAPS = {"avx2": IsaCap("avx2", "AVX2", "Haswell"), "avx512": IsaCap("avx512", "AVX512", "SkylakeX")}
 
 
 def add_isa_arg(parser: argparse.ArgumentParser) -> None:
@@ -42,23 +50,30 @@ def add_isa_arg(parser: argparse.ArgumentParser) -> None:
         "--isa",
         choices=sorted(ISA_CAPS),
         default=None,
-        help="run as on a CPU with this ISA at most: the CPU kernel built for it ($PPO_EQX_KERNEL_ISA) and XLA's "
-        "own code capped at it (XLA_FLAGS=--xla_cpu_max_isa); the script restarts itself with both set, so that "
+        help="run as on a CPU with this ISA at most: the CPU kernel built for it ($PPO_EQX_KERNEL_ISA), XLA's own "
+        "code capped at it (XLA_FLAGS=--xla_cpu_max_isa) and the limit's matmul rate from OpenBLAS's kernels for it "
+        "($OPENBLAS_CORETYPE; XLA's matmuls ignore the cap); the script restarts itself with these set, so that "
         "they hold from before jax starts (default: this CPU's own)",
     )
 
 
 def isa_environment(isa: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` with the CPU kernel built for ``isa`` and XLA's code capped at it (any other cap replaced)."""
+    """``environ`` capped at ``isa`` (``ISA_CAPS``): any other cap of XLA's replaced."""
+    cap = ISA_CAPS[isa]
     flags = [flag for flag in environ.get("XLA_FLAGS", "").split() if not flag.startswith("--xla_cpu_max_isa=")]
-    flags.append(f"--xla_cpu_max_isa={ISA_CAPS[isa]}")
-    return {**environ, "PPO_EQX_KERNEL_ISA": isa, "XLA_FLAGS": " ".join(flags)}
+    flags.append(f"--xla_cpu_max_isa={cap.xla}")
+    return {
+        **environ,
+        "PPO_EQX_KERNEL_ISA": cap.kernel,
+        "XLA_FLAGS": " ".join(flags),
+        "OPENBLAS_CORETYPE": cap.openblas,
+    }
 
 
 def run_as_isa(isa: str | None) -> None:
     """Restart this script under ``isa_environment(isa)`` unless it already runs so (or ``isa`` is None). XLA
-    reads its flags when its CPU backend starts, and the kernel is built once a process, so both must be set
-    before either: a new process is the sure way."""
+    reads its flags when its CPU backend starts, OpenBLAS its core type when it loads, and the kernel is built
+    once a process, so all must be set before: a new process is the sure way."""
     if isa is None:
         return
     environ = isa_environment(isa, os.environ)
@@ -113,6 +128,15 @@ def matmul_rate(size: int = 2048, repeats: int = 10) -> float:
     matmul = jax.jit(lambda x: x @ x)
     jax.block_until_ready(matmul(a))
     seconds, _ = timed(lambda: matmul(a), repeats)
+    return 2 * size**3 / seconds
+
+
+def blas_matmul_rate(size: int = 2048, repeats: int = 10) -> float:
+    """The float32 matmul rate in FLOP/s of NumPy's BLAS (OpenBLAS, with the kernels ``$OPENBLAS_CORETYPE``
+    names): the limit's rate under ``--isa``, where XLA's own matmuls (YNNPACK) ignore ``--xla_cpu_max_isa``."""
+    a = np.random.default_rng(0).normal(size=(size, size)).astype(np.float32)
+    a @ a
+    seconds, _ = timed(lambda: a @ a, repeats)
     return 2 * size**3 / seconds
 
 

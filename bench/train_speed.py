@@ -14,8 +14,10 @@ With ``--async-batch-size R`` the loop steps EnvPool's async pool (``num_envs`` 
 is ``num_steps * R``), and the env-only ceiling is that pool's receive/send loop. ``cpu_s_per_1k_steps`` is
 the process's CPU time (all threads, EnvPool's included) over the timed iterations, per 1000 env steps.
 
-With ``--isa avx2`` the whole program runs as on an AVX2 CPU (AMD Zen 1-3, most laptops): the CPU kernel built
-for AVX2 and XLA's own code (the matmul rate of the limit too) capped at AVX2; the JSON records both.
+With ``--isa avx2`` the program runs as on an AVX2 CPU (AMD Zen 1-3, most laptops) as far as it can: the CPU
+kernel built for AVX2 and XLA's own code capped at AVX2. XLA's matrix products (YNNPACK) choose their kernels
+by the CPU and ignore the cap, so the limit's matmul rate is then OpenBLAS's AVX2 kernels' (NumPy's matmul with
+``OPENBLAS_CORETYPE=Haswell``), XLA's own beside it in the JSON.
 
     python bench/train_speed.py --isa avx2 --json bench/results/train_speed_avx2.json
 """
@@ -30,6 +32,7 @@ from _common import (
     add_config_args,
     add_isa_arg,
     async_env_only_sps,
+    blas_matmul_rate,
     compute_limit_sps,
     config_from_args,
     device_memory_mib,
@@ -76,7 +79,7 @@ def main() -> None:
 
     # The matmul rate before and after the loop: on a shared machine it varies by a factor of 2 from one second to
     # the next, and the ceiling is the best the machine showed.
-    matmul_before = matmul_rate()
+    matmul_before, blas_before = matmul_rate(), blas_matmul_rate()
     start = time.perf_counter()
     trainer = Trainer(config)
     setup_s = time.perf_counter() - start
@@ -117,8 +120,9 @@ def main() -> None:
         env_sps = env_only_sps(pool.step, pool.handle, spec.num_actions, config.num_steps, config.num_envs, repeats=5)
     pool.close()
     ceilings = model_flops(config, spec, trainer.optimizer)
-    matmul_after = matmul_rate()
-    ceilings.update(matmul_gflops=max(matmul_before, matmul_after) / 1e9, env_only_sps=env_sps)
+    matmul_after, blas_after = matmul_rate(), blas_matmul_rate()
+    xla_gflops, blas_gflops = max(matmul_before, matmul_after) / 1e9, max(blas_before, blas_after) / 1e9
+    ceilings.update(matmul_gflops=blas_gflops if args.isa else xla_gflops, env_only_sps=env_sps)
     limit = compute_limit_sps(ceilings)
 
     rows = [
@@ -147,8 +151,11 @@ def main() -> None:
         "kernel_isa": cpu_kernel.isa() if conv_impl == "kernel" else None,  # what the kernel was built for
         "isa_cap": args.isa,  # None: this CPU's own ISA
         "xla_flags": os.environ.get("XLA_FLAGS"),
+        "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
         **ceilings,
-        "matmul_gflops_before_after": [matmul_before / 1e9, matmul_after / 1e9],
+        "matmul_gflops_before_after": [matmul_before / 1e9, matmul_after / 1e9],  # XLA's
+        "blas_matmul_gflops_before_after": [blas_before / 1e9, blas_after / 1e9],  # NumPy's OpenBLAS
+        "matmul_rate_of_the_limit": "openblas" if args.isa else "xla",
         "setup_s": setup_s,
         "rss_after_compile_mib": rss_after_compile,
         "rss_by_iteration_mib": rss_by_iteration,
