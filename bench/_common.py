@@ -216,7 +216,7 @@ def write_results(rows: list[dict[str, Any]], header: dict[str, Any], json_path:
 
 
 def environment() -> dict[str, Any]:
-    from ppo_eqx.hardware import hardware_info
+    from ppo_eqx.cli.hardware import hardware_info
 
     info = hardware_info()
     info["backend"] = jax.default_backend()

@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the package
     sys.path.insert(0, str(REPO_ROOT))
 
-from ppo_eqx.rundir import SUMMARY  # noqa: E402
+from ppo_eqx.host.rundir import SUMMARY  # noqa: E402
 from ppo_eqx_bench.atari_games import ATARI_57  # noqa: E402
 
 # Flags the runner sets itself; passing them after `--` would contradict the run directory's name.

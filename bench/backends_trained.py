@@ -18,8 +18,8 @@ from _common import environment, write_results
 from scipy import stats
 
 from ppo_eqx import PPOConfig, Trainer
-from ppo_eqx.evaluate import evaluate
-from ppo_eqx.train import run
+from ppo_eqx.host.evaluate import evaluate
+from ppo_eqx.host.trainer import run
 
 
 def parse_args() -> argparse.Namespace:

@@ -96,7 +96,7 @@ def environment_part(settings: Settings) -> dict[str, Any]:
     import jax
     from _common import environment, matmul_rate
 
-    from ppo_eqx.networks import choose_conv_impl
+    from ppo_eqx.core.networks import choose_conv_impl
 
     device = jax.devices()[0]
     limit = (device.memory_stats() or {}).get("bytes_limit")

@@ -38,8 +38,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the package
     sys.path.insert(0, str(REPO_ROOT))
 
-from ppo_eqx import rundir  # noqa: E402
-from ppo_eqx.config import ConfigError, PPOConfig  # noqa: E402
+from ppo_eqx.config import PPOConfig  # noqa: E402
+from ppo_eqx.errors import ConfigError  # noqa: E402
+from ppo_eqx.host import rundir  # noqa: E402
 from ppo_eqx_bench.anchors import ANCHORS_CSV, HUMAN_RANDOM_CSV, AnchorError, load_anchors  # noqa: E402
 from ppo_eqx_bench.runs import Run, find_run_dirs, load_run  # noqa: E402
 from ppo_eqx_bench.stats import FINAL_FRACTION, final_return  # noqa: E402

@@ -37,11 +37,11 @@ from _common import (
 )
 
 from ppo_eqx import Batch, compute_gae, make_optimizer, make_pool, model_loss, sync_collector
-from ppo_eqx.checkpoint import init_checkpoint
-from ppo_eqx.networks import categorical_logprob_entropy, choose_conv_impl
-from ppo_eqx.rollout import RolloutCarry, init_episode_stats, rollout
-from ppo_eqx.train import OneDevice, make_iteration
-from ppo_eqx.update import update
+from ppo_eqx.core.networks import categorical_logprob_entropy, choose_conv_impl
+from ppo_eqx.core.rollout import RolloutCarry, init_episode_stats, rollout
+from ppo_eqx.core.update import update
+from ppo_eqx.host.checkpoint import init_checkpoint
+from ppo_eqx.host.trainer import OneDevice, make_iteration
 
 
 def parse_args() -> argparse.Namespace:

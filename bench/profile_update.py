@@ -128,10 +128,10 @@ def main() -> None:
     import numpy as np
     from _common import config_from_args, environment, matmul_rate, write_results
 
-    from ppo_eqx._types import Batch
-    from ppo_eqx.envs import env_spec
-    from ppo_eqx.networks import ActorCritic
-    from ppo_eqx.update import make_optimizer, update
+    from ppo_eqx.core._types import Batch
+    from ppo_eqx.core.envs import env_spec
+    from ppo_eqx.core.networks import ActorCritic
+    from ppo_eqx.core.update import make_optimizer, update
 
     config = config_from_args(args)
     spec = env_spec(config.env_id)

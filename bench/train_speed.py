@@ -1,4 +1,4 @@
-"""The real training loop's speed: ``ppo_eqx.train.run`` for a fixed number of iterations after warm-up.
+"""The real training loop's speed: ``ppo_eqx.run`` for a fixed number of iterations after warm-up.
 
 Reports env steps/s of the loop (median and overall over the timed iterations), the time per phase, the
 compile time of the first iteration and the peak memory, beside this machine's ceilings measured in the
@@ -35,8 +35,8 @@ from _common import (
 )
 
 from ppo_eqx import Trainer, make_async_pool, make_pool
-from ppo_eqx.networks import choose_conv_impl
-from ppo_eqx.train import run
+from ppo_eqx.core.networks import choose_conv_impl
+from ppo_eqx.host.trainer import run
 
 
 def parse_args() -> argparse.Namespace:

@@ -6,15 +6,12 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple, get_args, no_type_check
 
-
-class ConfigError(ValueError):
-    """An impossible or unknown setting; the message names the value and what is allowed."""
-
+from .errors import ConfigError
 
 ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 ENV_BACKENDS = ("envpool", "ale")
-"""The env backends a config may name (``ppo_eqx.envs.BACKENDS`` maps each to its module)."""
+"""The env backends a config may name (``ppo_eqx.core.envs.BACKENDS`` maps each to its module)."""
 
 INT32_MAX = 2**31 - 1
 """The largest count or seed: EnvPool takes int32 seeds, and JAX counts in int32."""
@@ -119,7 +116,7 @@ class PPOConfig:
     env_backend: str = dataclasses.field(
         default="envpool", metadata={"help": "the library that runs the envs (ppo_eqx's own)"}
     )
-    """Which env backend makes the envs (one of ENV_BACKENDS; ``ppo_eqx.envs.backend``)."""
+    """Which env backend makes the envs (one of ENV_BACKENDS; ``ppo_eqx.core.envs.backend``)."""
     sweep: tuple[tuple[str, tuple[Any, ...]], ...] = dataclasses.field(
         default=(), metadata={"help": "hyperparameters that take several values, one agent per setting (ppo_eqx's own)"}
     )
@@ -401,6 +398,11 @@ NOT_SWEEPABLE: dict[str, str] = {
     "sweep": "is the sweep itself",
 }
 """Why each other field cannot be swept in one program: it is swept by separate runs instead."""
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a PPOConfig field: ``num_envs`` -> ``--num-envs``."""
+    return "--" + name.replace("_", "-")
 
 
 def setting_label(setting: Mapping[str, Any]) -> str:

@@ -25,7 +25,7 @@ with install_import_hook("ppo_eqx", "beartype.beartype"):  # as pytest's --jaxty
     import jax.numpy as jnp
 
     from ppo_eqx import ActorCritic, Batch, PPOConfig, make_optimizer, update
-    from ppo_eqx.parallel import make_mesh, replicate, shard_batch, sharded_update
+    from ppo_eqx.host.mesh import make_mesh, replicate, shard_batch, sharded_update
 
 COEFS: dict[str, Any] = {"clip_coef": 0.1, "vf_coef": 0.5, "ent_coef": 0.01, "clip_vloss": True}
 CASES = {"mlp": ((4,), 2, (4, 16)), "cnn": ((4, 84, 84), 4, (4, 8))}  # obs shape, actions, [T, N]

@@ -14,8 +14,7 @@ import pytest
 
 from ppo_eqx_bench.anchors import load_anchors
 from ppo_eqx_bench.atari_games import ATARI_57
-
-from .bench_scripts import load_bench_script
+from tests.bench_scripts import load_bench_script
 
 pytestmark = pytest.mark.unit
 

@@ -6,9 +6,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import ppo_eqx.rundir as rundir
+import ppo_eqx.host.rundir as rundir
 from ppo_eqx import PPOConfig
-from ppo_eqx.checkpoint import (
+from ppo_eqx.core.envs import env_spec, segment_env_seeds
+from ppo_eqx.host.checkpoint import (
     Checkpoint,
     CheckpointError,
     check_same_run,
@@ -19,9 +20,7 @@ from ppo_eqx.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from ppo_eqx.envs import env_spec, segment_env_seeds
-
-from .comparisons import leaves_equal
+from tests.comparisons import leaves_equal
 
 pytestmark = pytest.mark.envpool
 

@@ -3,8 +3,9 @@
 import jax
 import pytest
 
-from ppo_eqx import ActorCritic, cpu_kernel
-from ppo_eqx.networks import choose_conv_impl
+from ppo_eqx import ActorCritic
+from ppo_eqx.core import cpu_kernel
+from ppo_eqx.core.networks import choose_conv_impl
 
 pytestmark = pytest.mark.unit
 

@@ -11,8 +11,7 @@ import pytest
 
 from ppo_eqx.config import PPOConfig, preset_for
 from ppo_eqx_bench.anchors import load_anchors
-
-from .bench_scripts import load_bench_script
+from tests.bench_scripts import load_bench_script
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from ppo_eqx import ppo_loss
-from ppo_eqx.networks import categorical_logprob_entropy
-
-from .strategies import BATCH_SIZES, float_arrays
+from ppo_eqx.core.networks import categorical_logprob_entropy
+from tests.strategies import BATCH_SIZES, float_arrays
 
 pytestmark = pytest.mark.unit
 

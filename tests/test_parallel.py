@@ -1,4 +1,4 @@
-"""ppo_eqx.parallel: the sharded update equals the one-device update, on 2 devices and on 2 processes.
+"""ppo_eqx.host.mesh: the sharded update equals the one-device update, on 2 devices and on 2 processes.
 
 jax fixes its devices (and its peers) when it starts, so the 2-device and 2-process runs happen in
 subprocesses (tests/parallel_worker.py) that write both updates' results to an .npz file.
@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 
 from ppo_eqx import ActorCritic, PPOConfig, make_optimizer, update
-from ppo_eqx.config import ConfigError
-from ppo_eqx.parallel import check_mesh_config, make_mesh, replicate, shard_batch, sharded_update
-
-from .parallel_worker import COEFS, flat, make_batch
-from .processes import ROOT, TIMEOUT_S, free_port, run_processes, worker_env
+from ppo_eqx.errors import ConfigError
+from ppo_eqx.host.mesh import check_mesh_config, make_mesh, replicate, shard_batch, sharded_update
+from tests.parallel_worker import COEFS, flat, make_batch
+from tests.processes import ROOT, TIMEOUT_S, free_port, run_processes, worker_env
 
 pytestmark = pytest.mark.unit
 

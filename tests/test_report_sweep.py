@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 from ppo_eqx_bench import anchors, plots, report, runs, stats
-
-from .test_report import ANCHORS_CSV, HUMAN_RANDOM_CSV, write_run
+from tests.test_report import ANCHORS_CSV, HUMAN_RANDOM_CSV, write_run
 
 pytestmark = pytest.mark.unit
 

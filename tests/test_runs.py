@@ -11,17 +11,16 @@ import types
 
 import pytest
 
-import ppo_eqx.rundir as rundir
+import ppo_eqx.host.rundir as rundir
 from ppo_eqx import PPOConfig
-from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.cli import main
-from ppo_eqx.envs import env_spec
-
-from .comparisons import leaves_equal, metrics
+from ppo_eqx.core.envs import env_spec
+from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_metadata
+from tests.comparisons import leaves_equal, metrics
 
 pytestmark = pytest.mark.subprocess
 
-train_module = importlib.import_module("ppo_eqx.train")  # `ppo_eqx.train` the attribute is the function
+train_module = importlib.import_module("ppo_eqx.host.trainer")
 
 # 4 iterations of 512 steps, checkpoints after iterations 2 and 4.
 TINY = ["--env-id", "CartPole-v1", "--total-timesteps", "2048", "--checkpoint-every", "2"]

@@ -14,17 +14,16 @@ import pytest
 from hypothesis import given
 
 from ppo_eqx import ConfigError, PPOConfig
-from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.cli import main
 from ppo_eqx.config import SWEEPABLE
-from ppo_eqx.envs import env_spec
-from ppo_eqx.evaluate import EVAL_STREAM, evaluate
-from ppo_eqx.loss import ppo_loss
-from ppo_eqx.train import Trainer, pool_env_seeds, run, run_seeds
-from ppo_eqx.update import learning_rate_schedule
+from ppo_eqx.core.envs import env_spec
+from ppo_eqx.core.loss import ppo_loss
+from ppo_eqx.core.update import learning_rate_schedule
+from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_metadata
+from ppo_eqx.host.evaluate import EVAL_STREAM, evaluate
+from ppo_eqx.host.trainer import Trainer, pool_env_seeds, run, run_seeds
 from ppo_eqx_bench.runs import find_run_dirs
-
-from .comparisons import ATOL, PARAM_ATOL, RTOL, VOLATILE, final_checkpoint_bytes, metrics, resume_a_copy
+from tests.comparisons import ATOL, PARAM_ATOL, RTOL, VOLATILE, final_checkpoint_bytes, metrics, resume_a_copy
 
 pytestmark = pytest.mark.unit
 

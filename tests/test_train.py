@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 
 from ppo_eqx import PPOConfig, Trainer, async_collector, make_iteration, make_optimizer, sync_collector
-from ppo_eqx.rollout import init_episode_stats
-from ppo_eqx.train import TrainState, make_prime, run
-
-from .fake_env import counting_async_pool, counting_pool
+from ppo_eqx.core.rollout import init_episode_stats
+from ppo_eqx.host.trainer import TrainState, make_prime, run
+from tests.fake_env import counting_async_pool, counting_pool
 
 pytestmark = pytest.mark.unit
 
@@ -150,7 +149,7 @@ class _SleepingTrainer(Trainer):
 
 
 def test_each_record_times_its_own_iteration_when_the_dispatch_runs_it():
-    from ppo_eqx.train import run_seeds
+    from ppo_eqx.host.trainer import run_seeds
 
     trainer = _SleepingTrainer(seconds=0.05, iterations=5)
     records = [records[0] for records in run_seeds(trainer)]

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 from ppo_eqx import ActorCritic, Batch, PPOConfig, make_optimizer, model_loss, update
-from ppo_eqx.update import current_learning_rate, learning_rate_schedule, minibatch_indices
+from ppo_eqx.core.update import current_learning_rate, learning_rate_schedule, minibatch_indices
 
 pytestmark = pytest.mark.unit
 

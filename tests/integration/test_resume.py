@@ -10,17 +10,16 @@ import time
 
 import pytest
 
-from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.cli import main
 from ppo_eqx.config import PPOConfig
-from ppo_eqx.envs import env_spec
-from ppo_eqx.networks import Dense
-
-from ..comparisons import final_checkpoint_bytes, metrics
+from ppo_eqx.core.envs import env_spec
+from ppo_eqx.core.networks import Dense
+from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_metadata
+from tests.comparisons import final_checkpoint_bytes, metrics
 
 pytestmark = pytest.mark.subprocess
 
-checkpoint_module = importlib.import_module("ppo_eqx.checkpoint")
+checkpoint_module = importlib.import_module("ppo_eqx.host.checkpoint")
 QUIET = ["--no-progress", "--no-tensorboard"]
 
 

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from ppo_eqx import PPOConfig, Trainer
-from ppo_eqx.train import run, run_seeds
-
-from ..comparisons import ATOL, PARAM_ATOL, RTOL
+from ppo_eqx.host.trainer import run, run_seeds
+from tests.comparisons import ATOL, PARAM_ATOL, RTOL
 
 pytestmark = pytest.mark.envpool
 

@@ -27,12 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from ..config import PPOConfig
+from ..core.collect import Collector, async_collector, sync_collector
+from ..core.envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend, segment_env_seeds
+from ..core.iteration import FINITE, Metrics, TrainState, fresh_episodes, make_iteration, make_prime
+from ..core.update import OptimizerFor, make_optimizer, swept_optimizer_fields
 from .checkpoint import Checkpoint, all_finite, init_checkpoint
-from .collect import Collector, async_collector, sync_collector
-from .config import PPOConfig
-from .envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend, segment_env_seeds
-from .iteration import FINITE, Metrics, TrainState, fresh_episodes, make_iteration, make_prime
-from .update import OptimizerFor, make_optimizer, swept_optimizer_fields
 
 
 def pool_env_seeds(config: PPOConfig, iteration: int) -> list[int]:

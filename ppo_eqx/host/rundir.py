@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..errors import RunDirError
+
 CONFIG = "config.json"
 SEEDS_CONFIG = "seeds.json"
 HARDWARE = "hardware.json"
@@ -41,10 +43,6 @@ RUN_FILES = (CONFIG, HARDWARE, METRICS, SUMMARY, EVAL, WANDB)
 """The files a run writes at its top (besides TensorBoard's events and the checkpoints)."""
 MARKERS = (CONFIG, SEEDS_CONFIG, METRICS, CHECKPOINT_DIR)
 """Any of these makes a directory hold a run (which a new run must not write into unless told to)."""
-
-
-class RunDirError(ValueError):
-    """A run directory that is refused (exists, unwritable, a file) or damaged; the message is one line."""
 
 
 def _write_all(fd: int, data: bytes) -> None:

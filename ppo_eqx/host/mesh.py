@@ -20,15 +20,24 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree, Shaped
 
-from ._types import Batch, LossInfo
+from ..config import PPOConfig
+from ..core._types import Batch, LossInfo
+from ..core.collect import Collector
+from ..core.iteration import (
+    FINITE,
+    Metrics,
+    TrainState,
+    episode_metrics,
+    fresh_episodes,
+    update_metrics,
+    update_settings,
+)
+from ..core.loss import normalize_advantages
+from ..core.networks import ActorCritic
+from ..core.update import OptimizerFor, minibatch_indices, minibatch_steps, params_loss
+from ..errors import ConfigError
 from .checkpoint import Checkpoint, all_finite
-from .collect import Collector
-from .config import ConfigError, PPOConfig
-from .iteration import FINITE, Metrics, TrainState, episode_metrics, fresh_episodes, update_metrics, update_settings
-from .loss import normalize_advantages
-from .networks import ActorCritic
-from .train import EnvShare
-from .update import OptimizerFor, minibatch_indices, minibatch_steps, params_loss
+from .trainer import EnvShare
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None, *, axis_name: str = "data") -> Mesh:
@@ -71,7 +80,7 @@ def sharded_update(
     unroll: int = 1,
     key: PRNGKeyArray,
 ) -> tuple[ActorCritic, PyTree, LossInfo]:
-    """``ppo_eqx.update.update`` with each minibatch split evenly across the devices of ``mesh``.
+    """``ppo_eqx.core.update.update`` with each minibatch split evenly across the devices of ``mesh``.
 
     ``batch`` is time-major, ``[T, N, ...]`` with its N envs split over the devices (``shard_batch``); it is
     the batch ``update`` takes flattened to ``[T*N, ...]``, as the training iteration flattens its rollout.

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
 
+from ..config import PPOConfig
 from ._types import Batch, LossInfo
-from .config import PPOConfig
 from .loss import model_loss
 from .networks import ActorCritic
 

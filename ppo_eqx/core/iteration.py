@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import Array, Float, Int, PyTree
 
+from ..config import PPOConfig
+from ..host.checkpoint import AgentKeys
 from ._types import EpisodeStats, LossInfo
-from .checkpoint import AgentKeys
 from .collect import Carry, Collector
-from .config import PPOConfig
 from .networks import ActorCritic
 from .update import (
     Hyperparameters,

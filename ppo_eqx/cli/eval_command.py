@@ -4,17 +4,17 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .cli import RunError, UsageError
-from .config import PPOConfig
-from .rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, write_json
-from .session import require
+from ..config import PPOConfig
+from ..errors import RunError, UsageError
+from ..host.rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, write_json
+from .checks import require
 
 VIDEO_PACKAGES = {".mp4": ("av", "PyAV: pip install av"), ".gif": ("PIL", "Pillow: pip install pillow")}
 
 
 def eval_command(args: argparse.Namespace) -> int:
     """Check the checkpoint and both output paths, then play, then write ``eval.json`` (or ``--output``)."""
-    from .checkpoint import read_metadata, resolve_checkpoint
+    from ..host.checkpoint import read_metadata, resolve_checkpoint
 
     agent = _agent_of(args.path)
     path = resolve_checkpoint(args.path if agent is None else agent[0])
@@ -31,7 +31,7 @@ def eval_command(args: argparse.Namespace) -> int:
         flush=True,
     )
     evaluation = _play(args, model, config, fps=15 if spec.is_atari else 50)
-    from .evaluate import summarise
+    from ..host.evaluate import summarise
 
     summary = summarise(evaluation)
     result = {
@@ -64,8 +64,8 @@ def eval_command(args: argparse.Namespace) -> int:
 def _load_agent(path: Path, metadata: dict[str, Any], env_backend: str | None, agent: str | None) -> Any:
     """The model, config and env spec of the agent to play: the checkpoint's one agent, or of a run of several
     (``--num-seeds``, ``--sweep``) the agent named ``agent``; on ``env_backend`` if given."""
-    from .checkpoint import config_of, load_checkpoint
-    from .envs import backend
+    from ..core.envs import backend
+    from ..host.checkpoint import config_of, load_checkpoint
 
     config = config_of(path, metadata)
     if env_backend is not None:
@@ -117,7 +117,7 @@ def _check_video(video: Path, run_dir: Path, output: Path) -> None:
 def _play(args: argparse.Namespace, model: Any, config: PPOConfig, *, fps: int) -> Any:
     import jax
 
-    from .evaluate import EVAL_STREAM, VideoWriter, evaluate
+    from ..host.evaluate import EVAL_STREAM, VideoWriter, evaluate
 
     key = jax.random.fold_in(jax.random.PRNGKey(args.seed), EVAL_STREAM)
     writer = None

@@ -1,4 +1,4 @@
-"""A training run once its input is checked (``session.train_command``): the run directory's writers, the
+"""A training run once its input is checked (``train_command``), supervised: the run directory's writers, the
 Trainer, Ctrl-C and SIGTERM, checkpoints at segment boundaries, and how it ends."""
 
 import argparse
@@ -13,10 +13,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .cli import RunError
-from .config import PPOConfig
-from .rundir import METRICS, SUMMARY, truncate_metrics
-from .session import Plan, any_process
+from ..config import PPOConfig
+from ..errors import RunError
+from ..host.mesh import any_process
+from ..host.rundir import METRICS, SUMMARY, truncate_metrics
+from .plan import Plan
 
 
 class _StopRequest:
@@ -40,7 +41,7 @@ def _mean_return(records: list[dict[str, Any]]) -> float:
     return sum(returns) / len(returns) if returns else math.nan
 
 
-class TrainingRun:
+class Supervisor:
     """One ``ppo-eqx train`` once its input is checked: the writers, the trainer, signals, checkpoints, the end.
 
     ``run()`` returns the exit status; a fault after the start (a full disk, a writer's thread failing, a second
@@ -101,8 +102,8 @@ class TrainingRun:
     def _open(self) -> None:
         import jax
 
+        from ..host.trainer import Trainer
         from .hardware import hardware_info
-        from .train import Trainer
 
         plan, config = self.plan, self.config
         if plan.resume is not None:
@@ -123,7 +124,7 @@ class TrainingRun:
         self.writers = self._make_writers(hardware) if self.writes else []
         placement = None
         if self.mesh is not None:
-            from .parallel import MeshPlacement
+            from ..host.mesh import MeshPlacement
 
             placement = MeshPlacement(config, self.mesh)
         self.trainer = Trainer(config, restore=self.restore, placement=placement)
@@ -159,7 +160,7 @@ class TrainingRun:
     def _loop(self) -> None:
         from tqdm import tqdm
 
-        from .train import NonFiniteError, run_seeds
+        from ..host.trainer import NonFiniteError, run_seeds
 
         config, start = self.config, time.perf_counter()
         bar = tqdm(
@@ -252,7 +253,7 @@ class TrainingRun:
         return self.stop.signal is not None
 
     def _save(self, iteration: int, reason: str) -> None:
-        from .checkpoint import save_checkpoint
+        from ..host.checkpoint import save_checkpoint
 
         checkpoint = self.trainer.checkpoint()  # collective: every process takes part
         if not self.writes:

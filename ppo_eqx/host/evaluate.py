@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PRNGKeyArray
 
-from ._types import EpisodeStats
-from .config import PPOConfig
-from .envs import backend, derived_seeds
-from .networks import ActorCritic
-from .rollout import RolloutCarry, init_episode_stats, sample_actions, update_episode_stats
+from ..config import PPOConfig
+from ..core._types import EpisodeStats
+from ..core.envs import backend, derived_seeds
+from ..core.networks import ActorCritic
+from ..core.rollout import RolloutCarry, init_episode_stats, sample_actions, update_episode_stats
 
 EVAL_STREAM = 2**32 - 1
 """Second word of the SeedSequence entropy of evaluation envs; training's segments use the iteration there."""

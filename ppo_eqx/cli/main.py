@@ -13,28 +13,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .config import FIELD_CHOICES, NOT_SWEEPABLE, SWEEPABLE, ConfigError, PPOConfig
-from .rundir import RunDirError, path_problem
-
-INT32_MAX = 2**31 - 1
-
-
-class UsageError(Exception):
-    """Bad input on the command line; printed as one line, exit status 2."""
-
-
-class RunError(Exception):
-    """A run that cannot go on (a full disk, a second Ctrl-C); printed as one line, exit status 1."""
+from ..config import FIELD_CHOICES, INT32_MAX, NOT_SWEEPABLE, SWEEPABLE, PPOConfig, flag
+from ..errors import ConfigError, RunDirError, RunError, UsageError
+from ..host.rundir import path_problem
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message.replace("\n", " "))
-
-
-def flag(name: str) -> str:
-    """The command-line flag of a PPOConfig field: ``num_envs`` -> ``--num-envs``."""
-    return "--" + name.replace("_", "-")
 
 
 def _path(text: str) -> Path:
@@ -210,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command == "train":
-            from .session import train_command
+            from .train_command import train_command
 
             return train_command(args)
         from .eval_command import eval_command

@@ -20,13 +20,14 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int, Key, PRNGKeyArray, PyTree, UInt32
 
-from ._types import EpisodeStats
-from .config import ConfigError, ConvImpl, PPOConfig
-from .envs import EnvSpec
-from .networks import ActorCritic
-from .rollout import init_episode_stats
-from .rundir import CHECKPOINT_DIR, CONFIG, RunDirError, json_bytes, write_atomic
-from .update import Hyperparameters, agent_hyperparameters, make_optimizer
+from ..config import ConvImpl, PPOConfig
+from ..core._types import EpisodeStats
+from ..core.envs import EnvSpec
+from ..core.networks import ActorCritic
+from ..core.rollout import init_episode_stats
+from ..core.update import Hyperparameters, agent_hyperparameters, make_optimizer
+from ..errors import CheckpointError, ConfigError
+from .rundir import CHECKPOINT_DIR, CONFIG, json_bytes, write_atomic
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"iter_(\d{6,})\.json")
@@ -81,10 +82,6 @@ def all_finite(tree: PyTree) -> Bool[Array, ""]:
     """True when every floating-point leaf of ``tree`` is finite (no NaN, no inf)."""
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
-
-
-CheckpointError = RunDirError
-"""A checkpoint that is missing, unreadable, damaged or from another run: the run directory's one error type."""
 
 
 def checkpoint_name(iteration: int) -> str:

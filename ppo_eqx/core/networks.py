@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, Shaped
 
+from ..config import ConvImpl
 from . import cpu_kernel
-from .config import ConvImpl
 
 
 def _orthogonal(key: PRNGKeyArray, shape: tuple[int, ...], scale: float) -> Float[Array, "..."]:
