@@ -16,10 +16,10 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ppo_eqx_bench.render import AGGREGATE_NAMES, setting_label, setting_value_text
-from ppo_eqx_bench.runs import value_key
-from ppo_eqx_bench.stats import AGGREGATES, NAN
-from ppo_eqx_bench.tables import GameRow, GameSettings, Report, SettingRow
+from .render import AGGREGATE_NAMES, setting_label, setting_value_text
+from .runs import value_key
+from .stats import AGGREGATES, NAN
+from .tables import GameRow, GameSettings, Report, SettingRow
 
 LOG_SPAN = 10.0
 """A swept field's axis is logarithmic when all its values are > 0 and the largest is more than this times the

@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ppo_eqx_bench.runs import NOT_SETTING_FIELDS, Run
-from ppo_eqx_bench.stats import AGGREGATES, FINAL_FRACTION
-from ppo_eqx_bench.tables import GameRow, GameSettings, Report, SettingRow
+from .runs import NOT_SETTING_FIELDS, Run
+from .stats import AGGREGATES, FINAL_FRACTION
+from .tables import GameRow, GameSettings, Report, SettingRow
 
 AGGREGATE_NAMES = {"median": "Median", "iqm": "IQM", "mean": "Mean"}
 MISSING = "missing"

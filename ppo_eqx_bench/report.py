@@ -11,11 +11,11 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from ppo_eqx_bench.anchors import DATA_DIR, load_anchors
-from ppo_eqx_bench.render import render_markdown, report_to_json
-from ppo_eqx_bench.runs import collect_runs
-from ppo_eqx_bench.stats import BOOTSTRAP_SEED, NUM_RESAMPLES, TARGET_STEPS
-from ppo_eqx_bench.tables import Report, build_report
+from .anchors import DATA_DIR, load_anchors
+from .render import render_markdown, report_to_json
+from .runs import collect_runs
+from .stats import BOOTSTRAP_SEED, NUM_RESAMPLES, TARGET_STEPS
+from .tables import Report, build_report
 
 
 def write_report(
@@ -49,7 +49,7 @@ def write_report(
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     if plots:
-        from ppo_eqx_bench.plots import write_plots  # matplotlib only when plotting
+        from .plots import write_plots  # matplotlib only when plotting
 
         written = write_plots(report, out_dir)
     (out_dir / "report.md").write_text(render_markdown(report, [path.relative_to(out_dir) for path in written]))

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ppo_eqx_bench.anchors import Anchor, HumanRandom
-from ppo_eqx_bench.runs import Run, SkippedRun, setting_config, value_key
-from ppo_eqx_bench.stats import (
+from .anchors import Anchor, HumanRandom
+from .runs import Run, SkippedRun, setting_config, value_key
+from .stats import (
     AGGREGATES,
     BOOTSTRAP_SEED,
     CONFIDENCE,

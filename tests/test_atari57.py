@@ -14,7 +14,8 @@ import pytest
 
 from ppo_eqx_bench.anchors import load_anchors
 from ppo_eqx_bench.atari_games import ATARI_57
-from tests.bench_scripts import load_bench_script
+
+from .bench_scripts import load_bench_script
 
 pytestmark = pytest.mark.unit
 

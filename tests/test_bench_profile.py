@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import pytest
 
 from ppo_eqx.core import cpu_kernel
-from tests.bench_scripts import load_bench_script
-from tests.conv_reference import needs_kernel
+
+from .bench_scripts import load_bench_script
+from .conv_reference import needs_kernel
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.bench_scripts import load_bench_script
+from .bench_scripts import load_bench_script
 
 pytestmark = pytest.mark.unit
 

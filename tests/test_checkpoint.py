@@ -20,7 +20,8 @@ from ppo_eqx.host.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from tests.comparisons import leaves_equal
+
+from .comparisons import leaves_equal
 
 pytestmark = pytest.mark.envpool
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from ppo_eqx import ActorCritic
 from ppo_eqx.core import cpu_kernel
 from ppo_eqx.core.networks import Conv, choose_conv_impl
-from tests.conv_reference import ATARI_SHAPE, needs_compiler, needs_kernel, numpy_conv
+
+from .conv_reference import ATARI_SHAPE, needs_compiler, needs_kernel, numpy_conv
 
 pytestmark = pytest.mark.subprocess
 

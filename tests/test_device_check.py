@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.bench_scripts import BENCH_DIR, load_bench_script
+from .bench_scripts import BENCH_DIR, load_bench_script
 
 SCRIPT = BENCH_DIR / "device_check.py"
 

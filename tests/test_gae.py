@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from ppo_eqx import compute_gae
 from ppo_eqx.core.gae import compute_gae_by_env
-from tests.strategies import TIME_ENV_SHAPES, bool_arrays, float_arrays, unit_interval
+
+from .strategies import TIME_ENV_SHAPES, bool_arrays, float_arrays, unit_interval
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,8 @@ import pytest
 
 from ppo_eqx.config import PPOConfig, preset_for
 from ppo_eqx_bench.anchors import load_anchors
-from tests.bench_scripts import load_bench_script
+
+from .bench_scripts import load_bench_script
 
 pytestmark = pytest.mark.unit
 

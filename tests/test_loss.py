@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from ppo_eqx import ppo_loss
 from ppo_eqx.core.networks import categorical_logprob_entropy
-from tests.strategies import BATCH_SIZES, float_arrays
+
+from .strategies import BATCH_SIZES, float_arrays
 
 pytestmark = pytest.mark.unit
 

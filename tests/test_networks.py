@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from ppo_eqx import ActorCritic, Batch, model_loss
 from ppo_eqx.core.networks import Conv, Dense
-from tests.conv_reference import ATARI_SHAPE, needs_kernel, numpy_conv
+
+from .conv_reference import ATARI_SHAPE, needs_kernel, numpy_conv
 
 pytestmark = pytest.mark.unit
 

@@ -19,8 +19,9 @@ import pytest
 from ppo_eqx import ActorCritic, PPOConfig, make_optimizer, update
 from ppo_eqx.errors import ConfigError
 from ppo_eqx.host.mesh import check_mesh_config, make_mesh, replicate, shard_batch, sharded_update
-from tests.parallel_worker import COEFS, flat, make_batch
-from tests.processes import ROOT, TIMEOUT_S, free_port, run_processes, worker_env
+
+from .parallel_worker import COEFS, flat, make_batch
+from .processes import ROOT, TIMEOUT_S, free_port, run_processes, worker_env
 
 pytestmark = pytest.mark.unit
 

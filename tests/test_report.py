@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from ppo_eqx.cli.hardware import _cpu_model, hardware_info
 from ppo_eqx.errors import RunDirError
 from ppo_eqx_bench import anchors, report, runs, stats
-from tests.bench_scripts import load_bench_script
+
+from .bench_scripts import load_bench_script
 
 pytestmark = pytest.mark.unit
 

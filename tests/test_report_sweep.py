@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from ppo_eqx_bench import anchors, plots, report, runs, stats
-from tests.test_report import ANCHORS_CSV, HUMAN_RANDOM_CSV, write_run
+
+from .test_report import ANCHORS_CSV, HUMAN_RANDOM_CSV, write_run
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from ppo_eqx import ActorCritic, RolloutCarry, init_episode_stats, make_async_pool, rollout
 from ppo_eqx.core.networks import MLP
 from ppo_eqx.core.rollout import async_rollout, init_async_carry, prime_async, sample_actions
-from tests.fake_env import counting_async_env, counting_env
+
+from .fake_env import counting_async_env, counting_env
 
 pytestmark = pytest.mark.unit
 

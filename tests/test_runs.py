@@ -16,7 +16,8 @@ from ppo_eqx import PPOConfig
 from ppo_eqx.cli import main
 from ppo_eqx.core.envs import env_spec
 from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_metadata
-from tests.comparisons import leaves_equal, metrics
+
+from .comparisons import leaves_equal, metrics
 
 pytestmark = pytest.mark.subprocess
 

@@ -14,8 +14,9 @@ from ppo_eqx.core.envs import env_spec, seeds_env_step, segment_env_seeds
 from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.host.trainer import pool_env_seeds
 from ppo_eqx_bench.runs import find_run_dirs, load_run
-from tests.comparisons import ATOL, PARAM_ATOL, RTOL, final_checkpoint_bytes, metrics, resume_a_copy
-from tests.fake_env import counting_env
+
+from .comparisons import ATOL, PARAM_ATOL, RTOL, final_checkpoint_bytes, metrics, resume_a_copy
+from .fake_env import counting_env
 
 pytestmark = pytest.mark.unit
 

@@ -23,7 +23,8 @@ from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_meta
 from ppo_eqx.host.evaluate import EVAL_STREAM, evaluate
 from ppo_eqx.host.trainer import Trainer, pool_env_seeds, run, run_seeds
 from ppo_eqx_bench.runs import find_run_dirs
-from tests.comparisons import ATOL, PARAM_ATOL, RTOL, VOLATILE, final_checkpoint_bytes, metrics, resume_a_copy
+
+from .comparisons import ATOL, PARAM_ATOL, RTOL, VOLATILE, final_checkpoint_bytes, metrics, resume_a_copy
 
 pytestmark = pytest.mark.unit
 

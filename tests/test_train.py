@@ -9,7 +9,8 @@ import pytest
 from ppo_eqx import PPOConfig, Trainer, async_collector, make_iteration, make_optimizer, sync_collector
 from ppo_eqx.core.rollout import init_episode_stats
 from ppo_eqx.host.trainer import TrainState, make_prime, run
-from tests.fake_env import counting_async_pool, counting_pool
+
+from .fake_env import counting_async_pool, counting_pool
 
 pytestmark = pytest.mark.unit
 

@@ -19,7 +19,8 @@ import pytest
 from ppo_eqx.config import PPOConfig
 from ppo_eqx.core.envs import env_spec
 from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_metadata
-from tests.processes import free_port, run_processes, worker_env
+
+from ..processes import free_port, run_processes, worker_env
 
 pytestmark = pytest.mark.subprocess
 

@@ -15,7 +15,8 @@ from ppo_eqx.config import PPOConfig
 from ppo_eqx.core.envs import env_spec
 from ppo_eqx.core.networks import Dense
 from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_metadata
-from tests.comparisons import final_checkpoint_bytes, metrics
+
+from ..comparisons import final_checkpoint_bytes, metrics
 
 pytestmark = pytest.mark.subprocess
 

@@ -7,7 +7,8 @@ import pytest
 
 from ppo_eqx import PPOConfig, Trainer
 from ppo_eqx.host.trainer import run, run_seeds
-from tests.comparisons import ATOL, PARAM_ATOL, RTOL
+
+from ..comparisons import ATOL, PARAM_ATOL, RTOL
 
 pytestmark = pytest.mark.envpool
 
