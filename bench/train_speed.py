@@ -34,9 +34,7 @@ from _common import (
     write_results,
 )
 
-from ppo_eqx import Trainer, make_async_pool, make_pool
-from ppo_eqx.core.networks import choose_conv_impl
-from ppo_eqx.host.trainer import run
+from ppo_eqx import Trainer, make_async_pool, make_pool, run
 
 
 def parse_args() -> argparse.Namespace:
@@ -132,7 +130,7 @@ def main() -> None:
     ]
     header = {
         "environment": environment(),
-        "conv_impl": choose_conv_impl(config.conv_impl, spec.obs_shape),  # what "auto" chose
+        "conv_impl": trainer.conv_impl,  # what "auto" chose
         **ceilings,
         "matmul_gflops_before_after": [matmul_before / 1e9, matmul_after / 1e9],
         "setup_s": setup_s,

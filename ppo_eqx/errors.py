@@ -23,3 +23,13 @@ class UsageError(Exception):
 
 class RunError(Exception):
     """A run that cannot go on (a full disk, a second Ctrl-C); printed as one line, exit status 1."""
+
+
+class NonFiniteError(FloatingPointError):
+    """The loss or the parameters became NaN or inf; ``record`` is the iteration's metrics (of the first agent
+    that went wrong), ``records`` those of every agent."""
+
+    def __init__(self, message: str, record: dict, records: list[dict] | None = None):
+        super().__init__(message)
+        self.record = record
+        self.records = [record] if records is None else records

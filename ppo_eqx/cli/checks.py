@@ -5,7 +5,10 @@ import argparse
 import importlib
 
 from ..config import PPOConfig
+from ..core.envs import backend
+from ..core.networks import ConvRoute
 from ..errors import UsageError
+from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl
 
 
 def check_addresses(args: argparse.Namespace) -> None:
@@ -50,11 +53,13 @@ def require(module: str, message: str) -> None:
         raise UsageError(message) from None
 
 
-def check_conv_impl(config: PPOConfig) -> None:
-    """``--conv-impl kernel`` where the kernel cannot run is refused before anything is written."""
+def conv_route(config: PPOConfig) -> ConvRoute:
+    """The route this machine's convolutions take for ``config.conv_impl``, resolved once, here, after the devices
+    are joined (``resolve_conv_impl``): ``--conv-impl kernel`` where the kernel cannot run is refused before
+    anything is written."""
     if config.conv_impl == "kernel":
-        from ..core.networks import kernel_unavailable_reason
-
         reason = kernel_unavailable_reason()
         if reason is not None:
             raise UsageError(f"--conv-impl kernel: {reason}; use --conv-impl auto or matmul")
+    obs_shape = backend(config.env_backend).spec(config.env_id).obs_shape
+    return resolve_conv_impl(config.conv_impl, obs_shape)  # type: ignore[arg-type]  # validated by PPOConfig

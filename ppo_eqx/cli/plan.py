@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..config import PPOConfig, flag, preset_for
+from ..core.envs import backend
 from ..errors import ConfigError, RunDirError, UsageError
+from ..host.checkpoint import CheckpointFile, check_same_run, read_checkpoint
 from ..host.rundir import CONFIG, SEEDS_CONFIG, agent_dirs, check_new_run_dir
 
 
@@ -18,12 +20,12 @@ class Plan(NamedTuple):
 
     config: PPOConfig
     run_dir: Path
-    resume: dict[str, Any] | None = None
-    """The newest checkpoint's metadata (``path`` added) when resuming."""
+    resume: CheckpointFile | None = None
+    """The newest checkpoint, read and checked, when resuming."""
 
     @property
     def start_iteration(self) -> int:
-        return 0 if self.resume is None else int(self.resume["iteration"])
+        return 0 if self.resume is None else int(self.resume.metadata["iteration"])
 
     @property
     def agent_dirs(self) -> list[Path]:
@@ -32,8 +34,6 @@ class Plan(NamedTuple):
 
 def config_from_args(args: argparse.Namespace) -> PPOConfig:
     """Explicit flags, else the task's preset, else PPOConfig's (CleanRL's) defaults; validated."""
-    from ..core.envs import backend
-
     env_id = args.env_id or PPOConfig.env_id
     env_backend = backend(args.env_backend or PPOConfig.env_backend)
     values: dict[str, Any] = preset_for(env_backend.spec(env_id).is_atari)
@@ -71,10 +71,8 @@ def check_run_dirs(plan: Plan, overwrite: bool) -> None:
 
 
 def plan_resume(args: argparse.Namespace) -> Plan:
-    """The checked plan of ``--resume RUN_DIR``: its config and newest checkpoint's metadata (arrays not read)."""
-    from ..core.envs import backend
-    from ..host.checkpoint import check_same_run, read_arrays, read_metadata, resolve_checkpoint
-
+    """The checked plan of ``--resume RUN_DIR``: its config and newest checkpoint, read whole and checked (its
+    arrays are loaded once the devices are known)."""
     run_dir: Path = args.resume
     given = [flag(name) for name in sorted(_CONFIG_FIELDS) if getattr(args, name) is not None]
     if given:
@@ -91,13 +89,11 @@ def plan_resume(args: argparse.Namespace) -> Plan:
     backend(config.env_backend).spec(config.env_id)
     if args.track and config.num_agents > 1:
         raise UsageError(f"--track logs one run; {run_dir} trains {config.num_agents} agents")
-    path = resolve_checkpoint(run_dir)
-    metadata = read_metadata(path)
-    check_same_run(path, metadata, config)
-    read_arrays(path, metadata)  # whole and unaltered (loaded once the devices are known)
+    newest = read_checkpoint(run_dir)
+    check_same_run(newest, config)
     if not os.access(run_dir, os.W_OK | os.X_OK):
         raise RunDirError(f"--resume {run_dir} is not writable")
-    return Plan(config, run_dir, {**metadata, "path": path})
+    return Plan(config, run_dir, newest)
 
 
 def _saved_config(run_dir: Path) -> PPOConfig:

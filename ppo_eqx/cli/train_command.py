@@ -1,22 +1,30 @@
 """What ``ppo-eqx train`` does with its parsed flags: check every input before anything is written (the plan,
 ``plan.py``; the rest, ``checks.py``), join the devices and processes, make the run directory only then, and hand
 the run to a ``supervisor.Supervisor``: the run's lifecycle (writers, trainer, signals, checkpoints, the end).
+Imported by ``main`` when the command runs, so that ``ppo-eqx --help`` reads no more than the parser needs.
 """
 
 import argparse
-from typing import Any
 
+import jax
+from jax.sharding import Mesh
+
+from ..core.envs import backend
+from ..core.networks import ConvRoute
+from ..core.sharded import make_mesh
+from ..core.state import Checkpoint
 from ..errors import RunDirError, RunError, UsageError
+from ..host.checkpoint import load_checkpoint
+from ..host.mesh import any_process, check_mesh_config
 from ..host.rundir import SEEDS_CONFIG, make_run_dir, write_json
-from .checks import check_addresses, check_conv_impl, check_wandb_names, require
+from .checks import check_addresses, check_wandb_names, conv_route, require
 from .plan import Plan, check_run_dirs, plan_new, plan_resume
+from .supervisor import Supervisor
 
 
-def start_processes(args: argparse.Namespace) -> Any:
+def start_processes(args: argparse.Namespace) -> Mesh | None:
     """Join the multi-process run that the flags ask for, and return the device mesh to train on (None: one
     device). Runs before anything computes with jax."""
-    import jax
-
     if args.distributed or args.coordinator_address is not None:
         local_ids = None if args.devices is None else list(range(args.devices))
         try:
@@ -32,8 +40,6 @@ def start_processes(args: argparse.Namespace) -> Any:
             raise RunError(f"could not join the distributed run: {str(error).splitlines()[0]}") from None
     if jax.process_count() == 1 and (args.devices or 1) == 1:
         return None
-    from ..host.mesh import make_mesh
-
     if jax.process_count() > 1:
         return make_mesh()
     available, devices = jax.local_devices(), args.devices or 1
@@ -60,13 +66,10 @@ def train_command(args: argparse.Namespace) -> int:
         print(f"ppo-eqx: {plan.run_dir} finished at iteration {plan.start_iteration}; nothing to resume", flush=True)
         return 0
     mesh = start_processes(args)
-    check_conv_impl(plan.config)
+    route = conv_route(plan.config)
     if mesh is not None:
-        from ..host.mesh import check_mesh_config
-
         check_mesh_config(plan.config, mesh)
-    restore = None if plan.resume is None else _load(plan)
-    import jax
+    restore = None if plan.resume is None else _load(plan, route)
 
     writes = jax.process_index() == 0  # process 0 writes the run directory and prints; all of them train
     refused: Exception | None = None
@@ -78,22 +81,15 @@ def train_command(args: argparse.Namespace) -> int:
         except RunDirError as error:
             refused = error
     # The other processes must not start training (and wait on process 0) when it refused the directory.
-    from ..host.mesh import any_process
-
     if any_process(refused is not None):
         raise refused or RunError(f"process 0 refused --run-dir {plan.run_dir}; its output says why")
-    from .supervisor import Supervisor
-
-    return Supervisor(args, plan, mesh, writes, restore).run()
+    return Supervisor(args, plan, mesh, writes, restore, route).run()
 
 
-def _load(plan: Plan) -> Any:
-    from ..core.envs import backend
-    from ..host.checkpoint import load_checkpoint
-
+def _load(plan: Plan, route: ConvRoute) -> Checkpoint:
     assert plan.resume is not None
-    path = plan.resume["path"]
-    return load_checkpoint(path, plan.resume, plan.config, backend(plan.config.env_backend).spec(plan.config.env_id))
+    spec = backend(plan.config.env_backend).spec(plan.config.env_id)
+    return load_checkpoint(plan.resume, plan.config, spec, conv_impl=route)
 
 
 def _make_run_dirs(plan: Plan, overwrite: bool) -> None:

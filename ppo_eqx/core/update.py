@@ -1,66 +1,39 @@
-"""The PPO update: shuffle the batch each epoch, split it into minibatches, one Adam step per minibatch."""
+"""The PPO update: shuffle the batch each epoch, split it into minibatches, one optimizer step per minibatch."""
 
-import dataclasses
 from collections.abc import Callable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray, PyTree
+from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 
-from ..config import PPOConfig
+from ..hyperparameters import AgentHyperparameters, Sizes
 from ._types import Batch, LossInfo
 from .loss import model_loss
 from .networks import ActorCritic
 
 
-def learning_rate_schedule(config: PPOConfig) -> optax.Schedule:
-    """CleanRL's linear annealing: constant within an iteration, from ``learning_rate`` towards 0.
-
-    ``learning_rate`` and ``anneal_lr`` may be arrays (one agent's values in a sweep, ``PPOConfig.sweep``)."""
-    steps_per_iteration = config.num_minibatches * config.update_epochs
+def learning_rate_schedule(hyperparameters: AgentHyperparameters, sizes: Sizes) -> optax.Schedule:
+    """CleanRL's linear annealing: constant within an iteration, from ``learning_rate`` towards 0 over
+    ``sizes.num_iterations`` (constant without ``anneal_lr``)."""
+    steps_per_iteration = sizes.num_minibatches * sizes.update_epochs
 
     def schedule(count: Int[ArrayLike, ""]) -> Float[ArrayLike, ""]:
-        frac = 1.0 - (jnp.asarray(count) // steps_per_iteration) / config.num_iterations
-        if not isinstance(config.anneal_lr, bool):
-            frac = jnp.where(config.anneal_lr, frac, 1.0)
-        return config.learning_rate * frac
+        frac = 1.0 - (jnp.asarray(count) // steps_per_iteration) / sizes.num_iterations
+        return hyperparameters.learning_rate * jnp.where(hyperparameters.anneal_lr, frac, 1.0)
 
-    return schedule if config.anneal_lr is not False else optax.constant_schedule(config.learning_rate)
+    return schedule
 
 
-def make_optimizer(config: PPOConfig) -> optax.GradientTransformation:
-    """Global-norm clipping, then Adam (eps=1e-5) with the learning rate as an inspectable hyperparameter."""
+def make_optimizer(hyperparameters: AgentHyperparameters, sizes: Sizes) -> optax.GradientTransformation:
+    """One agent's optimizer: global-norm clipping at ``max_grad_norm``, then Adam (eps=1e-5) whose learning rate,
+    ``learning_rate_schedule``, is injected state (read back by ``current_learning_rate``). Built inside the
+    iteration from the agent's arrays, so that every agent of a program has its own."""
     return optax.chain(
-        optax.clip_by_global_norm(config.max_grad_norm),
-        optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate_schedule(config), eps=1e-5),
+        optax.clip_by_global_norm(hyperparameters.max_grad_norm),
+        optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate_schedule(hyperparameters, sizes), eps=1e-5),
     )
-
-
-Hyperparameters = dict[str, Array]
-"""Swept hyperparameters by field name: ``[A]`` arrays over the agents, or one agent's scalars."""
-
-
-def agent_hyperparameters(config: PPOConfig) -> Hyperparameters:
-    """Each swept hyperparameter of ``config`` as an ``[A]`` array over its ``num_agents`` agents (float32, or
-    bool for the flags); ``{}`` without a sweep."""
-    kinds = {field.name: field.type for field in dataclasses.fields(PPOConfig)}
-    return {
-        name: jnp.asarray(values, dtype=jnp.bool_ if kinds[name] is bool else jnp.float32)
-        for name, values in config.agent_values().items()
-    }
-
-
-OptimizerFor = Callable[[PPOConfig], optax.GradientTransformation]
-"""The optimizer of one agent's config (``update.make_optimizer``); its hyperparameters may be arrays."""
-OPTIMIZER_FIELDS = ("learning_rate", "anneal_lr", "max_grad_norm")
-"""The swept fields that ``make_optimizer`` reads."""
-
-
-def swept_optimizer_fields(config: PPOConfig) -> list[str]:
-    """The ``OPTIMIZER_FIELDS`` that ``config.sweep`` varies: each agent then needs its own optimizer."""
-    return [name for name, _ in config.sweep if name in OPTIMIZER_FIELDS]
 
 
 def current_learning_rate(opt_state: PyTree) -> Float[Array, ""]:
@@ -80,29 +53,12 @@ def minibatch_indices(
 LossFn = Callable[[PyTree, Batch], tuple[Float[Array, ""], LossInfo]]
 
 
-def params_loss(
-    static: PyTree,
-    *,
-    clip_coef: float | Float[Array, ""],
-    vf_coef: float | Float[Array, ""],
-    ent_coef: float | Float[Array, ""],
-    norm_adv: bool | Bool[Array, ""],
-    clip_vloss: bool | Bool[Array, ""],
-) -> LossFn:
+def params_loss(static: PyTree, hyperparameters: AgentHyperparameters) -> LossFn:
     """``model_loss`` as a function of the model's arrays (``static`` is the rest, from ``eqx.partition``), on
     minibatches whose observations are already ``prepare``d."""
 
     def loss_fn(params: PyTree, minibatch: Batch) -> tuple[Float[Array, ""], LossInfo]:
-        return model_loss(
-            eqx.combine(params, static),
-            minibatch,
-            clip_coef=clip_coef,
-            vf_coef=vf_coef,
-            ent_coef=ent_coef,
-            norm_adv=norm_adv,
-            clip_vloss=clip_vloss,
-            prepared=True,
-        )
+        return model_loss(eqx.combine(params, static), minibatch, hyperparameters, prepared=True)
 
     return loss_fn
 
@@ -150,34 +106,31 @@ def update(
     model: ActorCritic,
     opt_state: PyTree,
     batch: Batch,
+    hyperparameters: AgentHyperparameters,
     *,
-    optimizer: optax.GradientTransformation,
-    num_minibatches: int,
-    update_epochs: int,
-    clip_coef: float | Float[Array, ""],
-    vf_coef: float | Float[Array, ""],
-    ent_coef: float | Float[Array, ""],
-    norm_adv: bool | Bool[Array, ""] = True,
-    clip_vloss: bool | Bool[Array, ""] = False,
-    unroll: int = 1,
+    sizes: Sizes,
     key: PRNGKeyArray,
 ) -> tuple[ActorCritic, PyTree, LossInfo]:
-    """``update_epochs`` passes over ``batch`` in ``num_minibatches`` minibatches, one optimizer step each.
+    """``sizes.update_epochs`` passes over ``batch`` in ``sizes.num_minibatches`` minibatches, one step each of
+    the agent's optimizer (``make_optimizer``) on its loss (``model_loss``), both with ``hyperparameters``.
 
     Returns the new model and optimizer state, and the loss diagnostics of every step, shaped
-    ``[update_epochs * num_minibatches]`` (epoch-major). The steps run in one ``lax.scan`` with ``unroll``.
+    ``[update_epochs * num_minibatches]`` (epoch-major). The steps run in one ``lax.scan`` with
+    ``sizes.minibatch_unroll``.
     """
     # Relayout the observations once for all epochs (a no-op for vector observations).
     batch = batch._replace(obs=model.prepare(batch.obs))
     params, static = eqx.partition(model, eqx.is_array)
     indices = minibatch_indices(
-        batch.actions.shape[0], num_minibatches=num_minibatches, update_epochs=update_epochs, key=key
-    )
-
-    loss_fn = params_loss(
-        static, clip_coef=clip_coef, vf_coef=vf_coef, ent_coef=ent_coef, norm_adv=norm_adv, clip_vloss=clip_vloss
+        batch.actions.shape[0], num_minibatches=sizes.num_minibatches, update_epochs=sizes.update_epochs, key=key
     )
     params, opt_state, infos = minibatch_steps(
-        loss_fn, params, opt_state, batch, indices, optimizer=optimizer, unroll=unroll
+        params_loss(static, hyperparameters),
+        params,
+        opt_state,
+        batch,
+        indices,
+        optimizer=make_optimizer(hyperparameters, sizes),
+        unroll=sizes.minibatch_unroll,
     )
     return eqx.combine(params, static), opt_state, infos
