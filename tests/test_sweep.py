@@ -15,7 +15,7 @@ from hypothesis import given
 
 from ppo_eqx import AgentHyperparameters, ConfigError, PPOConfig
 from ppo_eqx.cli import main
-from ppo_eqx.config import SWEEPABLE
+from ppo_eqx.config import FIELD_TYPES, SWEEPABLE
 from ppo_eqx.core.envs import env_spec
 from ppo_eqx.core.loss import ppo_loss
 from ppo_eqx.core.update import learning_rate_schedule
@@ -30,7 +30,7 @@ from .comparisons import ATOL, PARAM_ATOL, RTOL, VOLATILE, final_checkpoint_byte
 pytestmark = pytest.mark.unit
 
 QUIET = ["--no-progress", "--no-tensorboard"]
-BOOLS = {"anneal_lr", "norm_adv", "clip_vloss"}
+BOOLS = {name for name in SWEEPABLE if FIELD_TYPES[name] is bool}
 
 
 # --- the grid ---------------------------------------------------------------------------------------------------
@@ -46,15 +46,21 @@ VALUES = {
 }
 
 
+def values_of(name: str) -> list[float]:
+    """Values to sweep ``name`` over: ``VALUES``'s, or for a field they do not name its default and another."""
+    default = getattr(PPOConfig(), name)
+    return VALUES.get(name, [default, default / 2 if default else 1.0])
+
+
 @st.composite
 def sweeps(draw):
     names = draw(st.lists(st.sampled_from(SWEEPABLE), min_size=1, max_size=3, unique=True))
     sweep = {}
     for name in names:
-        pool = [True, False] if name in BOOLS else VALUES[name]
+        pool = [True, False] if name in BOOLS else values_of(name)
         sweep[name] = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=len(pool), unique=True))
     if math.prod(len(values) for values in sweep.values()) == 1:
-        sweep[names[0]] = [True, False] if names[0] in BOOLS else VALUES[names[0]][:2]
+        sweep[names[0]] = [True, False] if names[0] in BOOLS else values_of(names[0])[:2]
     return sweep
 
 
