@@ -44,7 +44,8 @@ AGENT_PREFIX = "seed"
 class PPOConfig(Hyperparameters):
     """The settings of ``ppo_atari_envpool_xla_jax.py`` (CleanRL), same names and defaults, and ppo_eqx's own.
 
-    The fields before ``env_id`` are ``Hyperparameters``; the fields after ``seed`` are ppo_eqx's own.
+    The fields before ``env_id`` are ``Hyperparameters``; each field's help says whose it is, CleanRL's or
+    ppo_eqx's own.
     ``checkpoint_every`` is part of the trajectory: every ``checkpoint_every`` iterations the envs are made
     afresh, seeded from (seed, iteration), so that a run resumed from a checkpoint sees the same envs as an
     uninterrupted one. ``num_seeds`` and ``sweep`` make several agents (``agent_configs``), trained in one
