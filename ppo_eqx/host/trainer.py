@@ -97,10 +97,10 @@ class Trainer:
             restore = init_checkpoint(config, self.spec, conv_impl=conv_impl)
         self.conv_impl: ConvRoute = restore.model.conv_impl
         # The compiled program donates the state it is given: place a copy, so that ``restore`` stays the caller's.
-        restore = jax.tree.map(lambda x: jnp.copy(x) if eqx.is_array(x) else x, restore)
-        self.iteration = int(restore.iteration)
+        own: Checkpoint = jax.tree.map(lambda x: jnp.copy(x) if eqx.is_array(x) else x, restore)
+        self.iteration = int(own.iteration)
         self._segment = self._make_segment(self.iteration)
-        placed = self.placement.place(restore, self._segment.collector, config.agent_hyperparameters())
+        placed = self.placement.place(own, self._segment.collector, config.agent_hyperparameters())
         self.state = self._segment.program.prime(placed)
         # The state's shapes and dtypes in arrays that are never donated: later segments compile against it.
         self._example = jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_array(x) else x, self.state)
