@@ -156,10 +156,10 @@ def model_flops(config: Any, spec: Any, optimizer: Any) -> dict[str, float]:
     obs = jnp.zeros((size, *spec.obs_shape), jnp.dtype(spec.obs_dtype))
     zeros = jnp.zeros((size,), jnp.float32)
     batch = Batch(obs, jnp.zeros((size,), jnp.int32), zeros - 1.0, zeros, zeros + 1.0, zeros)
-    coefs = {"clip_coef": config.clip_coef, "vf_coef": config.vf_coef, "ent_coef": config.ent_coef}
+    hyperparameters = config.agent_hyperparameters()
 
     def train_step(params, opt_state, batch):
-        grads = jax.grad(lambda p: model_loss(eqx.combine(p, static), batch, **coefs)[0])(params)
+        grads = jax.grad(lambda p: model_loss(eqx.combine(p, static), batch, hyperparameters)[0])(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return eqx.apply_updates(params, updates), opt_state
 
@@ -216,7 +216,7 @@ def write_results(rows: list[dict[str, Any]], header: dict[str, Any], json_path:
 
 
 def environment() -> dict[str, Any]:
-    from ppo_eqx.hardware import hardware_info
+    from ppo_eqx.cli.hardware import hardware_info
 
     info = hardware_info()
     info["backend"] = jax.default_backend()

@@ -26,7 +26,7 @@ from _common import add_config_args, config_from_args, env_only_sps, environment
 from scipy import stats
 
 from ppo_eqx import Trainer
-from ppo_eqx.envs import backend
+from ppo_eqx.core.envs import backend
 
 BACKENDS = ("envpool", "ale")
 GAMES = ("Breakout-v5", "SpaceInvaders-v5", "Seaquest-v5", "Qbert-v5", "MsPacman-v5")

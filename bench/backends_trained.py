@@ -17,9 +17,7 @@ import numpy as np
 from _common import environment, write_results
 from scipy import stats
 
-from ppo_eqx import PPOConfig, Trainer
-from ppo_eqx.evaluate import evaluate
-from ppo_eqx.train import run
+from ppo_eqx import PPOConfig, Trainer, evaluate, run
 
 
 def parse_args() -> argparse.Namespace:

@@ -128,16 +128,14 @@ def main() -> None:
     import numpy as np
     from _common import config_from_args, environment, matmul_rate, write_results
 
-    from ppo_eqx._types import Batch
-    from ppo_eqx.envs import env_spec
-    from ppo_eqx.networks import ActorCritic
-    from ppo_eqx.update import make_optimizer, update
+    from ppo_eqx import ActorCritic, Batch, env_spec, make_optimizer, resolve_conv_impl, update
 
     config = config_from_args(args)
     spec = env_spec(config.env_id)
-    model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=config.conv_impl, key=jax.random.PRNGKey(0))
-    optimizer = make_optimizer(config)
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    conv_impl = resolve_conv_impl(config.conv_impl, spec.obs_shape)  # type: ignore[arg-type]
+    model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=conv_impl, key=jax.random.PRNGKey(0))
+    hyperparameters, sizes = config.agent_hyperparameters(), config.sizes
+    opt_state = make_optimizer(hyperparameters, sizes).init(eqx.filter(model, eqx.is_array))
     rng = np.random.default_rng(0)
     size = config.batch_size
     f32 = lambda: jnp.asarray(rng.normal(size=size), jnp.float32)  # noqa: E731
@@ -156,21 +154,7 @@ def main() -> None:
     steps = config.update_epochs * config.num_minibatches
     params, static = eqx.partition(model, eqx.is_array)
     # jax.jit (not eqx.filter_jit) so that the compiled program's HLO text is at hand.
-    full_update = jax.jit(
-        lambda p, o, b, k: update(
-            eqx.combine(p, static),
-            o,
-            b,
-            optimizer=optimizer,
-            num_minibatches=config.num_minibatches,
-            update_epochs=config.update_epochs,
-            clip_coef=config.clip_coef,
-            vf_coef=config.vf_coef,
-            ent_coef=config.ent_coef,
-            unroll=config.minibatch_unroll,
-            key=k,
-        )
-    )
+    full_update = jax.jit(lambda p, o, b, k: update(eqx.combine(p, static), o, b, hyperparameters, sizes=sizes, key=k))
     call_args = (params, opt_state, batch, jax.random.PRNGKey(1))
     table = hlo_instructions(full_update.lower(*call_args).compile().as_text())
     jax.block_until_ready(full_update(*call_args))

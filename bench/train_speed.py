@@ -1,4 +1,4 @@
-"""The real training loop's speed: ``ppo_eqx.train.run`` for a fixed number of iterations after warm-up.
+"""The real training loop's speed: ``ppo_eqx.run`` for a fixed number of iterations after warm-up.
 
 Reports env steps/s of the loop (median and overall over the timed iterations), the time per phase, the
 compile time of the first iteration and the peak memory, beside this machine's ceilings measured in the
@@ -34,9 +34,7 @@ from _common import (
     write_results,
 )
 
-from ppo_eqx import Trainer, make_async_pool, make_pool
-from ppo_eqx.networks import choose_conv_impl
-from ppo_eqx.train import run
+from ppo_eqx import Trainer, make_async_pool, make_pool, run
 
 
 def parse_args() -> argparse.Namespace:
@@ -132,7 +130,7 @@ def main() -> None:
     ]
     header = {
         "environment": environment(),
-        "conv_impl": choose_conv_impl(config.conv_impl, spec.obs_shape),  # what "auto" chose
+        "conv_impl": trainer.conv_impl,  # what "auto" chose
         **ceilings,
         "matmul_gflops_before_after": [matmul_before / 1e9, matmul_after / 1e9],
         "setup_s": setup_s,

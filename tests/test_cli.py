@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from ppo_eqx import cpu_kernel
 from ppo_eqx.cli import main
+from ppo_eqx.core import cpu_kernel
 
 pytestmark = pytest.mark.subprocess
 

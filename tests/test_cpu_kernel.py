@@ -1,4 +1,5 @@
-"""The hand-written first convolution (``conv_impl="kernel"``) against NumPy, and how it is chosen and built."""
+"""The hand-written convolutions (``conv_impl="kernel"``: the first layer's and the other two's) against NumPy, and
+how the kernel is built."""
 
 import re
 
@@ -9,8 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppo_eqx import ActorCritic, cpu_kernel
-from ppo_eqx.networks import Conv, choose_conv_impl
+from ppo_eqx.core import cpu_kernel
+from ppo_eqx.core.networks import Conv
+from ppo_eqx.host.conv_route import resolve_conv_impl
 
 from .conv_reference import ATARI_SHAPE, needs_compiler, needs_kernel, numpy_conv
 
@@ -220,22 +222,9 @@ def test_the_kernel_is_the_layer_on_frames():
 @needs_kernel
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the kernel is chosen on the CPU backend only")
 def test_auto_chooses_the_kernel_for_frames_on_cpu():
-    assert choose_conv_impl("auto", ATARI_SHAPE) == "kernel"
-    assert choose_conv_impl("auto", (4,)) == "matmul"  # no convolutions
-    assert choose_conv_impl("xla", ATARI_SHAPE) == "xla"
-    assert ActorCritic(ATARI_SHAPE, 4, key=jax.random.PRNGKey(0)).conv_impl == "kernel"
-
-
-@pytest.mark.unit
-def test_without_the_kernel_auto_falls_back_and_kernel_is_refused(monkeypatch):
-    def unavailable():
-        raise cpu_kernel.KernelUnavailable("no C++ compiler found")
-
-    monkeypatch.setattr(cpu_kernel, "available", lambda: False)
-    monkeypatch.setattr(cpu_kernel, "load", unavailable)
-    assert choose_conv_impl("auto", ATARI_SHAPE) == "matmul"
-    with pytest.raises(ValueError, match="conv_impl='kernel' is unavailable: no C\\+\\+ compiler found"):
-        ActorCritic(ATARI_SHAPE, 4, conv_impl="kernel", key=jax.random.PRNGKey(0))
+    assert resolve_conv_impl("auto", ATARI_SHAPE) == "kernel"
+    assert resolve_conv_impl("auto", (4,)) == "matmul"  # no convolutions
+    assert resolve_conv_impl("xla", ATARI_SHAPE) == "xla"
 
 
 @pytest.mark.subprocess

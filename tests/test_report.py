@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppo_eqx.hardware import _cpu_model, hardware_info
-from ppo_eqx.rundir import RunDirError
+from ppo_eqx.cli.hardware import _cpu_model, hardware_info
+from ppo_eqx.errors import RunDirError
 from ppo_eqx_bench import anchors, report, runs, stats
 
 from .bench_scripts import load_bench_script

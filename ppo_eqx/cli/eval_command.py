@@ -2,20 +2,23 @@
 
 import argparse
 from pathlib import Path
-from typing import Any
 
-from .cli import RunError, UsageError
-from .config import PPOConfig
-from .rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, write_json
-from .session import require
+import equinox as eqx
+import jax
 
-VIDEO_PACKAGES = {".mp4": ("av", "PyAV: pip install av"), ".gif": ("PIL", "Pillow: pip install pillow")}
+from ..config import PPOConfig
+from ..core.envs import EnvSpec, backend
+from ..core.networks import ActorCritic, ConvRoute
+from ..errors import RunError, UsageError
+from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint, resolve_checkpoint
+from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl
+from ..host.evaluate import EVAL_STREAM, VIDEO_FORMATS, Evaluation, VideoWriter, evaluate, summarise
+from ..host.rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, write_json
+from .checks import require
 
 
 def eval_command(args: argparse.Namespace) -> int:
     """Check the checkpoint and both output paths, then play, then write ``eval.json`` (or ``--output``)."""
-    from .checkpoint import read_metadata, resolve_checkpoint
-
     agent = _agent_of(args.path)
     path = resolve_checkpoint(args.path if agent is None else agent[0])
     run_dir = path.parent.parent if agent is None else args.path
@@ -23,16 +26,15 @@ def eval_command(args: argparse.Namespace) -> int:
     check_output("--output", output, run_dir)
     if args.video is not None:
         _check_video(args.video, run_dir, output)
-    metadata = read_metadata(path)
-    model, config, spec = _load_agent(path, metadata, args.env_backend, None if agent is None else agent[1])
+    checkpoint = read_checkpoint(path)
+    metadata = checkpoint.metadata
+    model, config, spec = _load_agent(checkpoint, args.env_backend, None if agent is None else agent[1])
     print(
         f"ppo-eqx: evaluating {path} ({config.env_id}, iteration {metadata['iteration']}) on {args.episodes} "
         f"episodes, {'greedy' if args.greedy else 'sampled'} actions",
         flush=True,
     )
     evaluation = _play(args, model, config, fps=15 if spec.is_atari else 50)
-    from .evaluate import summarise
-
     summary = summarise(evaluation)
     result = {
         "checkpoint": str(path),
@@ -61,13 +63,13 @@ def eval_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_agent(path: Path, metadata: dict[str, Any], env_backend: str | None, agent: str | None) -> Any:
+def _load_agent(
+    checkpoint: CheckpointFile, env_backend: str | None, agent: str | None
+) -> tuple[ActorCritic, PPOConfig, EnvSpec]:
     """The model, config and env spec of the agent to play: the checkpoint's one agent, or of a run of several
-    (``--num-seeds``, ``--sweep``) the agent named ``agent``; on ``env_backend`` if given."""
-    from .checkpoint import config_of, load_checkpoint
-    from .envs import backend
-
-    config = config_of(path, metadata)
+    (``--num-seeds``, ``--sweep``) the agent named ``agent``; on ``env_backend`` if given, with this machine's
+    route for the convolutions."""
+    path, config = checkpoint.path, config_of(checkpoint)
     if env_backend is not None:
         config = config.replace(env_backend=env_backend)
     names = config.agent_names()
@@ -77,11 +79,18 @@ def _load_agent(path: Path, metadata: dict[str, Any], env_backend: str | None, a
             f"directory ({path.parent.parent / names[0]}, ...)"
         )
     spec = backend(config.env_backend).spec(config.env_id)
-    model = load_checkpoint(path, metadata, config, spec).model
+    model = load_checkpoint(checkpoint, config, spec, conv_impl=_route(config, spec)).model
     if config.num_agents > 1:
         index = names.index(agent)  # pyright: ignore[reportArgumentType]  # in names, so not None
         model, config = _agent_model(model, index), config.agent_configs()[index]
     return model, config, spec
+
+
+def _route(config: PPOConfig, spec: EnvSpec) -> ConvRoute:
+    """The route eval's model takes: the one training asked for where it runs here, else "auto"'s (every route
+    gives the same numbers within float32 rounding)."""
+    kernel_runs = config.conv_impl != "kernel" or kernel_unavailable_reason() is None
+    return resolve_conv_impl(config.conv_impl if kernel_runs else "auto", spec.obs_shape)  # type: ignore[arg-type]
 
 
 def _agent_of(path: Path) -> tuple[Path, str] | None:
@@ -95,30 +104,23 @@ def _agent_of(path: Path) -> tuple[Path, str] | None:
     return None
 
 
-def _agent_model(model: Any, index: int) -> Any:
+def _agent_model(model: ActorCritic, index: int) -> ActorCritic:
     """Agent ``index``'s model out of the agents' stacked one."""
-    import equinox as eqx
-    import jax
-
     return jax.tree.map(lambda x: x[index] if eqx.is_array(x) else x, model)
 
 
 def _check_video(video: Path, run_dir: Path, output: Path) -> None:
     suffix = video.suffix.lower()
-    if suffix not in VIDEO_PACKAGES:
-        raise UsageError(f"--video {video}: the name must end in {' or '.join(VIDEO_PACKAGES)}")
+    if suffix not in VIDEO_FORMATS:
+        raise UsageError(f"--video {video}: the name must end in {' or '.join(VIDEO_FORMATS)}")
     check_output("--video", video, run_dir)
     if video.resolve() == output.resolve():
         raise UsageError(f"--video {video} is also the --output; allowed: two different files")
-    module, package = VIDEO_PACKAGES[suffix]
+    module, package = VIDEO_FORMATS[suffix]
     require(module, f"--video {video} needs {package}")
 
 
-def _play(args: argparse.Namespace, model: Any, config: PPOConfig, *, fps: int) -> Any:
-    import jax
-
-    from .evaluate import EVAL_STREAM, VideoWriter, evaluate
-
+def _play(args: argparse.Namespace, model: ActorCritic, config: PPOConfig, *, fps: int) -> Evaluation:
     key = jax.random.fold_in(jax.random.PRNGKey(args.seed), EVAL_STREAM)
     writer = None
     if args.video is not None:

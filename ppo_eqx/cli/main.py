@@ -1,5 +1,5 @@
 """``ppo-eqx train`` and ``ppo-eqx eval``: CleanRL's flags in kebab case, derived from PPOConfig's fields, and
-one-line errors. Imports no jax at the top (``--help`` stays fast): each command imports what it runs.
+one-line errors. The parser needs the config alone; each command's module is imported when it runs.
 
 Exit status: 0 done, 2 bad input (one line, nothing written), 1 a run that cannot go on (one line; what was
 written before is intact), 130/143 stopped by SIGINT/SIGTERM after a checkpoint.
@@ -13,28 +13,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .config import FIELD_CHOICES, NOT_SWEEPABLE, SWEEPABLE, ConfigError, PPOConfig
-from .rundir import RunDirError, path_problem
-
-INT32_MAX = 2**31 - 1
-
-
-class UsageError(Exception):
-    """Bad input on the command line; printed as one line, exit status 2."""
-
-
-class RunError(Exception):
-    """A run that cannot go on (a full disk, a second Ctrl-C); printed as one line, exit status 1."""
+from ..config import FIELD_CHOICES, FIELD_TYPES, INT32_MAX, NOT_SWEEPABLE, SWEEPABLE, PPOConfig, flag
+from ..errors import ConfigError, RunDirError, RunError, UsageError
+from ..host.rundir import path_problem
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(message.replace("\n", " "))
-
-
-def flag(name: str) -> str:
-    """The command-line flag of a PPOConfig field: ``num_envs`` -> ``--num-envs``."""
-    return "--" + name.replace("_", "-")
 
 
 def _path(text: str) -> Path:
@@ -63,13 +49,12 @@ def _field_help(field: dataclasses.Field, default: Any) -> str:
     return f"{text} (default: {default!r})".replace("%", "%%")
 
 
-_KINDS = {field.name: field.type for field in dataclasses.fields(PPOConfig)}
 _TRUTH = {"true": True, "false": False}
 
 
 def _sweep_value(name: str, text: str) -> Any:
     """One value of a ``--sweep`` list, parsed as field ``name``'s type (its range is PPOConfig's to check)."""
-    if _KINDS[name] is bool:
+    if FIELD_TYPES[name] is bool:
         if text.lower() not in _TRUTH:
             raise argparse.ArgumentTypeError(f"{flag(name)[2:]}: {text[:60]!r} is not true or false")
         return _TRUTH[text.lower()]
@@ -86,7 +71,7 @@ def sweep_item(text: str) -> tuple[str, tuple[Any, ...]]:
     allowed = ", ".join(flag(name)[2:] for name in SWEEPABLE)
     if not equals:
         raise argparse.ArgumentTypeError(f"{text[:60]!r} is not NAME=V1,V2,...; allowed names: {allowed}")
-    if field not in _KINDS:
+    if field not in FIELD_TYPES:
         raise argparse.ArgumentTypeError(f"{name[:60]!r} is not a hyperparameter; allowed: {allowed}")
     if field not in SWEEPABLE:
         raise argparse.ArgumentTypeError(
@@ -210,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command == "train":
-            from .session import train_command
+            from .train_command import train_command
 
             return train_command(args)
         from .eval_command import eval_command

@@ -1,11 +1,10 @@
-"""The run directory's one owner: its file names and layout, the atomic write, and the error for a run
-directory that is refused or damaged. Imports nothing heavier than the standard library (``ppo-eqx --help``
-and the benchmark report read it without jax).
+"""The run directory's one owner: its file names and layout, the atomic write, and the checks of a run directory
+before anything is written to it (refused with ``errors.RunDirError``). No jax here: files and paths only.
 
 Layout of ``RUN_DIR`` (one agent)::
 
     config.json       the PPOConfig of the run
-    hardware.json     the machine and package versions
+    hardware.json     the machine, package versions and the convolutions' route (conv_impl)
     metrics.jsonl     one JSON object per iteration
     summary.json      written when the run finishes
     events.out.tfevents.*   TensorBoard
@@ -26,6 +25,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config import AGENT_PREFIX
+from ..errors import RunDirError
+
 CONFIG = "config.json"
 SEEDS_CONFIG = "seeds.json"
 HARDWARE = "hardware.json"
@@ -35,16 +37,11 @@ EVAL = "eval.json"
 WANDB = "wandb.json"
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_GLOB = "events.out.tfevents.*"
-AGENT_PREFIX = "seed"
 
 RUN_FILES = (CONFIG, HARDWARE, METRICS, SUMMARY, EVAL, WANDB)
 """The files a run writes at its top (besides TensorBoard's events and the checkpoints)."""
 MARKERS = (CONFIG, SEEDS_CONFIG, METRICS, CHECKPOINT_DIR)
 """Any of these makes a directory hold a run (which a new run must not write into unless told to)."""
-
-
-class RunDirError(ValueError):
-    """A run directory that is refused (exists, unwritable, a file) or damaged; the message is one line."""
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -52,7 +52,7 @@ def sample_actions(
 
 
 class RolloutCarry(NamedTuple):
-    """What one rollout hands the next: the EnvPool handle, the current observation, episode statistics."""
+    """What one rollout hands the next: the env backend's handle, the current observation, episode statistics."""
 
     handle: Any
     obs: Observation

@@ -11,13 +11,15 @@ computed in ways that give the same numbers (``conv_impl``):
   them itself (``first_conv``, in about 2/5 of the matmuls' time); the other two read each window straight
   from their input (``conv``), so they compute exactly the layers' products, where the matmul route computes
   23-29% more and relayouts around each product. Layers the kernels do not take fall back to "matmul".
-- ``"auto"`` (the default): on the CPU backend "kernel" where the kernel builds, else "matmul"; on any
-  other backend (GPU, TPU) "xla", XLA's own convolutions (cuDNN on a GPU), as CleanRL computes them. The
-  matmul route was designed around XLA:CPU's slow convolution gradients and has not been measured on an
-  accelerator (``bench/device_check.py`` measures both there).
+A model is built with its route and never chooses one itself: ``PPOConfig.conv_impl``'s "auto" is resolved once,
+at the edge (``ppo_eqx.host.conv_route.resolve_conv_impl``: "xla" off the CPU backend; on it "kernel" where the
+kernel builds, else "matmul"), because finding out may compile the kernel. The matmul route was designed around
+XLA:CPU's slow convolution gradients and has not been measured on an accelerator (``bench/device_check.py``
+measures both there).
 """
 
 import math
+from typing import Literal, get_args
 
 import equinox as eqx
 import jax
@@ -25,7 +27,10 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, Shaped
 
 from . import cpu_kernel
-from .config import ConvImpl
+
+ConvRoute = Literal["kernel", "matmul", "xla"]
+"""How a model computes its convolutions (see this module's docstring)."""
+CONV_ROUTES: tuple[str, ...] = get_args(ConvRoute)
 
 
 def _orthogonal(key: PRNGKeyArray, shape: tuple[int, ...], scale: float) -> Float[Array, "..."]:
@@ -148,7 +153,7 @@ class Conv(eqx.Module):
         """How many rows (or columns) of an input of ``size`` the VALID convolution reads."""
         return self.output_size(size) * self.stride + self.weight.shape[0] - self.stride
 
-    def __call__(self, x: Float[Array, "B H W C"], impl: ConvImpl) -> Float[Array, "B h w cout"]:
+    def __call__(self, x: Float[Array, "B H W C"], impl: ConvRoute) -> Float[Array, "B h w cout"]:
         if impl == "xla":
             y = jax.lax.conv_general_dilated(
                 x, self.weight, (self.stride, self.stride), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
@@ -210,7 +215,7 @@ class NatureCNN(eqx.Module):
             height, width = conv.output_size(height), conv.output_size(width)
         self.dense = Dense(height * width * 64, 512, gain, key=k4)
 
-    def prepare(self, obs: Shaped[Array, "B C H W"], impl: ConvImpl) -> Shaped[Array, "B ..."]:
+    def prepare(self, obs: Shaped[Array, "B C H W"], impl: ConvRoute) -> Shaped[Array, "B ..."]:
         """The layout the first layer reads, still in the frames' dtype: NHWC for "xla"; for "matmul" the
         frames cropped to what the first layer reads and folded by its stride (``space_to_depth``); for
         "kernel", uint8 frames as they are (the kernel folds each frame itself).
@@ -225,7 +230,7 @@ class NatureCNN(eqx.Module):
         _, _, h, w = obs.shape
         return frames_space_to_depth(obs[:, :, : first.input_extent(h), : first.input_extent(w)], first.stride)
 
-    def apply(self, prepared: Shaped[Array, "B ..."], impl: ConvImpl) -> Float[Array, "B 512"]:
+    def apply(self, prepared: Shaped[Array, "B ..."], impl: ConvRoute) -> Float[Array, "B 512"]:
         """Features of frames already ``prepare``d; the 1/255 scaling happens here."""
         first, *rest = self.convs
         if impl == "kernel" and prepared.dtype == jnp.uint8:
@@ -239,7 +244,7 @@ class NatureCNN(eqx.Module):
         # Flatten in (row, column, channel) order, as CleanRL's flax model does.
         return jax.nn.relu(self.dense(x.reshape(x.shape[0], -1)))
 
-    def __call__(self, obs: Shaped[Array, "B C H W"], impl: ConvImpl) -> Float[Array, "B 512"]:
+    def __call__(self, obs: Shaped[Array, "B C H W"], impl: ConvRoute) -> Float[Array, "B 512"]:
         return self.apply(self.prepare(obs, impl), impl)
 
 
@@ -260,54 +265,32 @@ class MLP(eqx.Module):
         return self.layers[-1](x)
 
 
-def kernel_unavailable_reason() -> str | None:
-    """Why ``conv_impl="kernel"`` cannot run here (the backend is not the CPU, or the kernel does not build),
-    or None when it can."""
-    if jax.default_backend() != "cpu":
-        return f"the CPU kernel runs on the CPU backend only, not {jax.default_backend()!r}"
-    try:
-        cpu_kernel.load()
-    except cpu_kernel.KernelUnavailable as error:
-        return str(error)
-    return None
-
-
-def choose_conv_impl(conv_impl: ConvImpl, obs_shape: tuple[int, ...]) -> ConvImpl:
-    """The convolutions a model built with ``conv_impl`` computes. "auto", for frames, is "xla" off the CPU
-    backend and, on it, "kernel" where the kernel builds, else "matmul" (for vectors, which have no
-    convolutions, "matmul"); "kernel" where it cannot run is an error. Any other value is itself."""
-    if conv_impl not in ("auto", "kernel") or len(obs_shape) != 3:
-        return "matmul" if conv_impl == "auto" else conv_impl
-    if conv_impl == "auto":
-        if jax.default_backend() != "cpu":
-            return "xla"
-        return "kernel" if cpu_kernel.available() else "matmul"
-    reason = kernel_unavailable_reason()
-    if reason is not None:
-        raise ValueError(f"conv_impl='kernel' is unavailable: {reason}")
-    return "kernel"
-
-
 class ActorCritic(eqx.Module):
     """Policy logits and state values for a batch of observations.
 
     Pixel observations ``[B, C, H, W]`` (uint8, scaled by 1/255 inside) share a Nature-CNN torso between a
     linear actor (gain 0.01) and a linear critic (gain 1), as CleanRL's Atari agent. Flat observations
     ``[B, D]`` get CleanRL's classic-control agent: separate 64-64 tanh MLPs for actor and critic.
-    ``conv_impl`` says how the convolutions are computed (see this module's docstring); "auto" is resolved
-    when the model is built (``choose_conv_impl``), so ``model.conv_impl`` is what runs.
+    ``conv_impl`` is the route the convolutions take (see this module's docstring; default "xla", XLA's own, as
+    CleanRL); building the model runs nothing but its initialisation.
     """
 
     torso: NatureCNN | None
     actor: Dense | MLP
     critic: Dense | MLP
-    conv_impl: ConvImpl = eqx.field(static=True)
+    obs_shape: tuple[int, ...] = eqx.field(static=True)
+    conv_impl: ConvRoute = eqx.field(static=True)
 
     def __init__(
-        self, obs_shape: tuple[int, ...], num_actions: int, *, conv_impl: ConvImpl = "auto", key: PRNGKeyArray
+        self, obs_shape: tuple[int, ...], num_actions: int, *, conv_impl: ConvRoute = "xla", key: PRNGKeyArray
     ):
+        if conv_impl not in CONV_ROUTES:
+            raise ValueError(
+                f'conv_impl={conv_impl!r} is not a route; allowed: {", ".join(map(repr, CONV_ROUTES))} ("auto" is '
+                "resolved before a model is built: ppo_eqx.host.conv_route.resolve_conv_impl)"
+            )
         torso_key, actor_key, critic_key = jax.random.split(key, 3)
-        self.conv_impl = choose_conv_impl(conv_impl, obs_shape)
+        self.obs_shape, self.conv_impl = tuple(obs_shape), conv_impl
         if len(obs_shape) == 3:
             self.torso = NatureCNN(obs_shape, key=torso_key)
             self.actor = Dense(512, num_actions, 0.01, key=actor_key)
@@ -327,7 +310,12 @@ class ActorCritic(eqx.Module):
     def __call__(
         self, obs: Shaped[Array, " B *obs"], *, prepared: bool = False
     ) -> tuple[Float[Array, "B A"], Float[Array, " B"]]:
-        """Logits ``[B, A]`` and values ``[B]``."""
+        """Logits ``[B, A]`` and values ``[B]`` of a batch of observations (one observation: ``obs[None]``)."""
+        if not prepared and tuple(obs.shape[1:]) != self.obs_shape:
+            raise ValueError(
+                f"ActorCritic takes a batch of observations [B, {', '.join(map(str, self.obs_shape))}], not an "
+                f"array of shape {list(obs.shape)}; for one observation pass obs[None]"
+            )
         if self.torso is None:
             x = obs.astype(jnp.float32)
             return self.actor(x), self.critic(x)[:, 0]

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Int
 
+from ...errors import ConfigError
 from .._types import EnvOutput
-from ..config import ConfigError
 from . import AsyncEnv, AsyncPool, EnvSpec, Pool
 
 

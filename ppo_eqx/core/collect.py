@@ -4,9 +4,9 @@
 
 ``carry(stats)`` is the carry of the pool's fresh envs (host side); ``prime(model, carry, key)`` starts them
 (a no-op for a synchronous pool; an async pool's first steps) and returns the key left over;
-``collect(model, carry, key)`` plays ``num_steps`` steps and returns the time-major batch ``[T, N, ...]`` with
-its GAE advantages and returns; ``collect(..., gamma=g, gae_lambda=l)`` overrides the collector's discount (one
-agent's arrays in a sweep). ``prime`` and ``collect`` are pure and jittable.
+``collect(model, carry, key, *, gamma, gae_lambda)`` plays ``num_steps`` steps and returns the time-major batch
+``[T, N, ...]`` with its GAE advantages and returns, discounted by the agent's own ``gamma`` and ``gae_lambda``
+(``AgentHyperparameters``: the collector holds none). ``prime`` and ``collect`` are pure and jittable.
 """
 
 from collections.abc import Callable
@@ -29,10 +29,11 @@ class Collector(NamedTuple):
     carry: Callable[[EpisodeStats], Any]
     prime: Callable[[ActorCritic, Any, PRNGKeyArray], tuple[Any, PRNGKeyArray]]
     collect: Callable[..., tuple[Any, Batch]]
-    """``collect(model, carry, key, *, gamma=..., gae_lambda=...)``, the discount defaulting to the collector's."""
+    """``collect(model, carry, key, *, gamma, gae_lambda)``."""
 
 
 Discount = float | Float[Array, ""]
+"""A discount: one agent's array inside the iteration, or a number."""
 
 
 def _no_prime(model: ActorCritic, carry: Carry, key: PRNGKeyArray) -> tuple[Carry, PRNGKeyArray]:
@@ -43,8 +44,6 @@ def sync_collector(
     pool: Pool,
     *,
     num_steps: int,
-    gamma: float,
-    gae_lambda: float,
     num_agents: int = 1,
     first_env: int = 0,
     total_envs: int | None = None,
@@ -69,8 +68,8 @@ def sync_collector(
         carry: RolloutCarry,
         key: PRNGKeyArray,
         *,
-        gamma: Discount = gamma,
-        gae_lambda: Discount = gae_lambda,
+        gamma: Discount,
+        gae_lambda: Discount,
     ) -> tuple[RolloutCarry, Batch]:
         carry, t, last_value = rollout(
             model, step, carry, num_steps=num_steps, key=key, first_env=first_env, total_envs=total_envs
@@ -81,7 +80,7 @@ def sync_collector(
     return Collector(carry, _no_prime, collect)
 
 
-def async_collector(pool: AsyncPool, *, num_steps: int, gamma: float, gae_lambda: float) -> Collector:
+def async_collector(pool: AsyncPool, *, num_steps: int) -> Collector:
     """``num_steps`` receives of R envs from ``pool`` (``async_rollout``), then GAE env by env
     (``compute_gae_by_env``); the batch is ``[T, R, ...]``. ``prime`` gives every env its first pending step
     (``prime_async``) with a key split from the one it is given."""
@@ -100,8 +99,8 @@ def async_collector(pool: AsyncPool, *, num_steps: int, gamma: float, gae_lambda
         carry: AsyncRolloutCarry,
         key: PRNGKeyArray,
         *,
-        gamma: Discount = gamma,
-        gae_lambda: Discount = gae_lambda,
+        gamma: Discount,
+        gae_lambda: Discount,
     ) -> tuple[AsyncRolloutCarry, Batch]:
         carry, t = async_rollout(model, pool.env, carry, num_steps=num_steps, key=key)
         num_envs = carry.actions.shape[0]

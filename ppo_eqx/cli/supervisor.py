@@ -1,4 +1,4 @@
-"""A training run once its input is checked (``session.train_command``): the run directory's writers, the
+"""A training run once its input is checked (``train_command``), supervised: the run directory's writers, the
 Trainer, Ctrl-C and SIGTERM, checkpoints at segment boundaries, and how it ends."""
 
 import argparse
@@ -13,10 +13,22 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from .cli import RunError
-from .config import PPOConfig
-from .rundir import METRICS, SUMMARY, truncate_metrics
-from .session import Plan, any_process
+import jax
+from jax.sharding import Mesh
+from tqdm import tqdm
+
+from ..config import PPOConfig
+from ..core.networks import ConvRoute
+from ..core.state import Checkpoint
+from ..errors import NonFiniteError, RunError
+from ..host.checkpoint import save_checkpoint
+from ..host.loop import run_seeds
+from ..host.mesh import MeshPlacement, any_process
+from ..host.rundir import METRICS, SUMMARY, truncate_metrics
+from ..host.trainer import Trainer
+from .hardware import hardware_info
+from .plan import Plan
+from .writers import RunWriter, start_wandb
 
 
 class _StopRequest:
@@ -40,22 +52,31 @@ def _mean_return(records: list[dict[str, Any]]) -> float:
     return sum(returns) / len(returns) if returns else math.nan
 
 
-class TrainingRun:
+class Supervisor:
     """One ``ppo-eqx train`` once its input is checked: the writers, the trainer, signals, checkpoints, the end.
 
     ``run()`` returns the exit status; a fault after the start (a full disk, a writer's thread failing, a second
     Ctrl-C) is a ``RunError`` (one line), with everything written before it intact.
     """
 
-    def __init__(self, args: argparse.Namespace, plan: Plan, mesh: Any, writes: bool, restore: Any):
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        plan: Plan,
+        mesh: Mesh | None,
+        writes: bool,
+        restore: Checkpoint | None,
+        conv_impl: ConvRoute,
+    ):
         self.args, self.plan, self.mesh, self.writes, self.restore = args, plan, mesh, writes, restore
         self.config = plan.config
+        self.conv_impl: ConvRoute = conv_impl
         self.writers: list[Any] = []
         self.trainer: Any = None
         self.stop = _StopRequest()
-        self.last_checkpoint: Path | None = None if plan.resume is None else plan.resume["path"]
+        self.last_checkpoint: Path | None = None if plan.resume is None else plan.resume.path
         self.thread_errors: list[BaseException] = []
-        self.time_offset = 0.0 if plan.resume is None else float(plan.resume.get("time_elapsed", 0.0))
+        self.time_offset = 0.0 if plan.resume is None else float(plan.resume.metadata.get("time_elapsed", 0.0))
         self.records: list[dict[str, Any]] = []
 
     def say(self, line: str) -> None:
@@ -99,39 +120,28 @@ class TrainingRun:
             threading.excepthook = previous
 
     def _open(self) -> None:
-        import jax
-
-        from .hardware import hardware_info
-        from .train import Trainer
-
         plan, config = self.plan, self.config
         if plan.resume is not None:
             kept = 0
             for agent_dir in plan.agent_dirs if self.writes else []:
                 kept = truncate_metrics(agent_dir / METRICS, plan.start_iteration)
                 (agent_dir / SUMMARY).unlink(missing_ok=True)
-            self.say(f"ppo-eqx: resuming {plan.run_dir} from {plan.resume['path'].name} ({kept} rows of metrics kept)")
+            self.say(f"ppo-eqx: resuming {plan.run_dir} from {plan.resume.path.name} ({kept} rows of metrics kept)")
         devices = "" if self.mesh is None else f" ({self.mesh.size} devices, {jax.process_count()} processes)"
         self.say(
             f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps"
             f"{_agents(config)}, "
             f"run directory {plan.run_dir}, jax {jax.__version__} on {jax.default_backend()}{devices}"
         )
-        hardware = hardware_info()
+        hardware = {**hardware_info(), "conv_impl": self.conv_impl}  # the route the convolutions take here
         if self.mesh is not None:
             hardware["mesh"] = {"devices": self.mesh.size, "processes": jax.process_count()}
         self.writers = self._make_writers(hardware) if self.writes else []
-        placement = None
-        if self.mesh is not None:
-            from .parallel import MeshPlacement
-
-            placement = MeshPlacement(config, self.mesh)
-        self.trainer = Trainer(config, restore=self.restore, placement=placement)
+        placement = None if self.mesh is None else MeshPlacement(config, self.mesh)
+        self.trainer = Trainer(config, restore=self.restore, placement=placement, conv_impl=self.conv_impl)
         self.say(f"ppo-eqx: compiled one iteration in {self.trainer.compile():.1f} s")
 
     def _make_writers(self, hardware: dict[str, Any]) -> list[Any]:
-        from .writers import RunWriter, start_wandb
-
         args, plan, config = self.args, self.plan, self.config
         resume_step = None if plan.resume is None else plan.start_iteration * config.batch_size
         writers = []
@@ -157,11 +167,7 @@ class TrainingRun:
         return writers
 
     def _loop(self) -> None:
-        from tqdm import tqdm
-
-        from .train import NonFiniteError, run_seeds
-
-        config, start = self.config, time.perf_counter()
+        config = self.config
         bar = tqdm(
             total=config.num_iterations * config.batch_size,
             initial=self.plan.start_iteration * config.batch_size,
@@ -172,16 +178,12 @@ class TrainingRun:
             mininterval=1.0,
         )
         try:
-            for records in run_seeds(self.trainer, pause=self._pause):
-                for record in records:
-                    record["time_elapsed"] = time.perf_counter() - start + self.time_offset
+            for records in run_seeds(self.trainer, pause=self._pause, time_offset=self.time_offset):
                 self._write(records)
                 self._show(bar, records)
                 if self._checkpoint_now(int(records[0]["iteration"])):
                     break
         except NonFiniteError as error:
-            for record in error.records:
-                record["time_elapsed"] = time.perf_counter() - start + self.time_offset
             self._write(error.records)
             kept = (
                 f"the last good checkpoint is {self.last_checkpoint}"
@@ -252,8 +254,6 @@ class TrainingRun:
         return self.stop.signal is not None
 
     def _save(self, iteration: int, reason: str) -> None:
-        from .checkpoint import save_checkpoint
-
         checkpoint = self.trainer.checkpoint()  # collective: every process takes part
         if not self.writes:
             return

@@ -1,8 +1,9 @@
 """The PPO objective: ``ppo_loss`` on arrays, ``model_loss`` on a model and a batch."""
 
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, Float
 
+from ..hyperparameters import AgentHyperparameters
 from ._types import Batch, LossInfo
 from .networks import ActorCritic
 
@@ -20,57 +21,41 @@ def ppo_loss(
     old_value: Float[Array, " B"],
     advantages: Float[Array, " B"],
     returns: Float[Array, " B"],
-    *,
-    clip_coef: float | Float[Array, ""],
-    vf_coef: float | Float[Array, ""],
-    ent_coef: float | Float[Array, ""],
-    norm_adv: bool | Bool[Array, ""] = True,
-    clip_vloss: bool | Bool[Array, ""] = False,
+    hyperparameters: AgentHyperparameters,
 ) -> tuple[Float[Array, ""], LossInfo]:
     """CleanRL's PPO loss on a flat minibatch; every reduction is a mean over ``B``.
 
     ``loss = policy_loss - ent_coef * mean(entropy) + vf_coef * value_loss``. With ``norm_adv`` the
     advantages are standardised within the minibatch, ``(a - mean) / (std + 1e-8)``. With ``clip_vloss``
     the value loss is the larger of the plain and the clipped squared error (CleanRL's torch version; its
-    JAX version ignores the flag). ``norm_adv`` and ``clip_vloss`` may be boolean arrays (one agent's in a
-    sweep): both branches are computed and one is selected.
+    JAX version ignores the flag). The settings are one agent's ``hyperparameters`` (scalar arrays): both
+    sides of each flag are computed and one is selected.
     """
+    h = hyperparameters
     log_ratio = new_logprob - old_logprob
     ratio = jnp.exp(log_ratio)
-    if not isinstance(norm_adv, bool):
-        advantages = jnp.where(norm_adv, normalize_advantages(advantages), advantages)
-    elif norm_adv:
-        advantages = normalize_advantages(advantages)
-    policy_loss = jnp.maximum(-advantages * ratio, -advantages * jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef)).mean()
+    advantages = jnp.where(h.norm_adv, normalize_advantages(advantages), advantages)
+    clipped_ratio = jnp.clip(ratio, 1 - h.clip_coef, 1 + h.clip_coef)
+    policy_loss = jnp.maximum(-advantages * ratio, -advantages * clipped_ratio).mean()
     value_error = (new_value - returns) ** 2
-    if clip_vloss is not False:
-        clipped_value = old_value + jnp.clip(new_value - old_value, -clip_coef, clip_coef)
-        clipped_error = jnp.maximum(value_error, (clipped_value - returns) ** 2)
-        value_error = clipped_error if clip_vloss is True else jnp.where(clip_vloss, clipped_error, value_error)
+    clipped_value = old_value + jnp.clip(new_value - old_value, -h.clip_coef, h.clip_coef)
+    value_error = jnp.where(h.clip_vloss, jnp.maximum(value_error, (clipped_value - returns) ** 2), value_error)
     value_loss = 0.5 * value_error.mean()
     entropy_mean = entropy.mean()
-    loss = policy_loss - ent_coef * entropy_mean + vf_coef * value_loss
+    loss = policy_loss - h.ent_coef * entropy_mean + h.vf_coef * value_loss
     info = LossInfo(
         loss=loss,
         policy_loss=policy_loss,
         value_loss=value_loss,
         entropy=entropy_mean,
         approx_kl=((ratio - 1) - log_ratio).mean(),
-        clip_fraction=(jnp.abs(ratio - 1) > clip_coef).astype(jnp.float32).mean(),
+        clip_fraction=(jnp.abs(ratio - 1) > h.clip_coef).astype(jnp.float32).mean(),
     )
     return loss, info
 
 
 def model_loss(
-    model: ActorCritic,
-    batch: Batch,
-    *,
-    clip_coef: float | Float[Array, ""],
-    vf_coef: float | Float[Array, ""],
-    ent_coef: float | Float[Array, ""],
-    norm_adv: bool | Bool[Array, ""] = True,
-    clip_vloss: bool | Bool[Array, ""] = False,
-    prepared: bool = False,
+    model: ActorCritic, batch: Batch, hyperparameters: AgentHyperparameters, *, prepared: bool = False
 ) -> tuple[Float[Array, ""], LossInfo]:
     """``ppo_loss`` of ``model`` on ``batch``; differentiate it with ``eqx.filter_value_and_grad``.
 
@@ -85,9 +70,5 @@ def model_loss(
         batch.values,
         batch.advantages,
         batch.returns,
-        clip_coef=clip_coef,
-        vf_coef=vf_coef,
-        ent_coef=ent_coef,
-        norm_adv=norm_adv,
-        clip_vloss=clip_vloss,
+        hyperparameters,
     )

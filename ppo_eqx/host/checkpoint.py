@@ -4,8 +4,9 @@ The ``.eqx`` file is ``eqx.tree_serialise_leaves`` of a ``Checkpoint`` (model, o
 episode statistics, iteration); the ``.json`` file holds the config, the iteration, and the size and SHA-256
 of the ``.eqx`` file. Each is written to a temporary file, fsynced and renamed over its name, the ``.eqx``
 first: a checkpoint exists once its ``.json`` does, and a kill at any moment leaves the previous ones whole.
-Loading checks the size and hash before it reads an array, and the shapes and dtypes against a "like" tree
-built from the config.
+Reading (``read_checkpoint``) reads both files once and checks the size and hash before an array is used;
+loading (``load_checkpoint``) checks the shapes and dtypes against a "like" tree built from the config, with
+the convolutions' route given (loading never chooses one: ``host.conv_route``).
 """
 
 import hashlib
@@ -13,78 +14,45 @@ import io
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Int, Key, PRNGKeyArray, PyTree, UInt32
 
-from ._types import EpisodeStats
-from .config import ConfigError, ConvImpl, PPOConfig
-from .envs import EnvSpec
-from .networks import ActorCritic
-from .rollout import init_episode_stats
-from .rundir import CHECKPOINT_DIR, CONFIG, RunDirError, json_bytes, write_atomic
-from .update import Hyperparameters, agent_hyperparameters, make_optimizer
+from ..config import PPOConfig
+from ..core.envs import EnvSpec
+from ..core.iteration import all_finite
+from ..core.networks import ConvRoute
+from ..core.state import Checkpoint, init_agents
+from ..errors import CheckpointError, ConfigError
+from .rundir import CHECKPOINT_DIR, CONFIG, json_bytes, write_atomic
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"iter_(\d{6,})\.json")
 
-AgentKeys = Key[Array, "*S"] | UInt32[Array, "*S 2"]
-"""A PRNG key, or with ``num_agents`` A > 1 one per agent."""
+
+class CheckpointFile(NamedTuple):
+    """A checkpoint read from its files once: the ``.json``'s path and metadata, and the arrays' bytes, checked
+    against the size and SHA-256 that the metadata holds."""
+
+    path: Path
+    metadata: dict[str, Any]
+    arrays: bytes
 
 
-class Checkpoint(eqx.Module):
-    """What a checkpoint holds: the training state less the envs (a backend's env state cannot be saved).
-
-    ``stats`` keeps the last finished episode of every env; its running episodes are dropped on restore, as
-    the envs are made afresh. With ``num_agents`` A > 1 every field but ``iteration`` has a leading ``A`` axis.
-    """
-
-    model: ActorCritic
-    opt_state: PyTree
-    key: AgentKeys
-    stats: EpisodeStats
-    iteration: Int[Array, ""]
-
-
-def init_checkpoint(config: PPOConfig, spec: EnvSpec) -> Checkpoint:
-    """A fresh run's model, optimizer state, key and episode statistics, at iteration 0; under
-    ``eqx.filter_eval_shape`` the "like" tree that a checkpoint loads into.
-
-    With ``num_agents`` A > 1 each is stacked over a leading ``A`` axis (``eqx.filter_vmap`` over the agents),
-    agent k initialised as the single run of ``config.agent_configs()[k]``.
-    """
-    conv_impl: ConvImpl = config.conv_impl  # type: ignore[assignment]  # validated by PPOConfig
-
-    def init(
-        seed: int | Int[Array, ""], hyperparameters: Hyperparameters
-    ) -> tuple[ActorCritic, PyTree, PRNGKeyArray, EpisodeStats]:
-        key, model_key = jax.random.split(jax.random.PRNGKey(seed))
-        model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=conv_impl, key=model_key)
-        optimizer = make_optimizer(config.replace(**hyperparameters) if hyperparameters else config)
-        opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
-        return model, opt_state, key, init_episode_stats(config.num_envs)
-
-    if config.num_agents == 1:
-        agents = init(config.seed, {})
-    else:
-        seeds = jnp.asarray([agent.seed for agent in config.agent_configs()])
-        agents = eqx.filter_vmap(init)(seeds, agent_hyperparameters(config))
-    model, opt_state, key, stats = agents
-    return Checkpoint(model, opt_state, key, stats, jnp.zeros((), jnp.int32))
-
-
-@eqx.filter_jit
-def all_finite(tree: PyTree) -> Bool[Array, ""]:
-    """True when every floating-point leaf of ``tree`` is finite (no NaN, no inf)."""
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
-
-
-CheckpointError = RunDirError
-"""A checkpoint that is missing, unreadable, damaged or from another run: the run directory's one error type."""
+def init_checkpoint(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> Checkpoint:
+    """A fresh run's agents at iteration 0 (``core.state.init_agents``), agent k initialised as the single run of
+    ``config.agent_configs()[k]``; under ``eqx.filter_eval_shape`` the "like" tree that a checkpoint loads into."""
+    seeds = config.seed if config.num_agents == 1 else jnp.asarray([agent.seed for agent in config.agent_configs()])
+    return init_agents(
+        spec,
+        config.agent_hyperparameters(),
+        seeds,
+        num_envs=config.num_envs,
+        sizes=config.sizes,
+        conv_impl=conv_impl,
+    )
 
 
 def checkpoint_name(iteration: int) -> str:
@@ -194,22 +162,30 @@ def read_metadata(path: Path) -> dict[str, Any]:
     return metadata
 
 
-def config_of(path: Path, metadata: dict[str, Any]) -> PPOConfig:
+def config_of(file: CheckpointFile) -> PPOConfig:
     """The config that a checkpoint's run was trained with."""
     try:
-        return PPOConfig.from_dict(metadata["config"])
+        return PPOConfig.from_dict(file.metadata["config"])
     except (ConfigError, TypeError) as error:
-        raise CheckpointError(f"checkpoint {path} holds an invalid config: {error}") from None
+        raise CheckpointError(f"checkpoint {file.path} holds an invalid config: {error}") from None
 
 
-def check_same_run(path: Path, metadata: dict[str, Any], config: PPOConfig) -> None:
+def check_same_run(file: CheckpointFile, config: PPOConfig) -> None:
     """Raise CheckpointError unless the checkpoint was written by a run with ``config`` (a field that an older
     checkpoint does not name has its default)."""
-    saved = {**PPOConfig().to_dict(), **metadata["config"]}
+    saved = {**PPOConfig().to_dict(), **file.metadata["config"]}
     differing = [name for name, value in config.to_dict().items() if saved[name] != value]
     if differing:
         shown = ", ".join(f"{name}={saved[name]!r} (this run: {getattr(config, name)!r})" for name in differing)
-        raise CheckpointError(f"checkpoint {path} belongs to another run: {shown}")
+        raise CheckpointError(f"checkpoint {file.path} belongs to another run: {shown}")
+
+
+def read_checkpoint(path: Path) -> CheckpointFile:
+    """The checkpoint ``path`` names (a run directory: its newest; a ``.json`` or an ``.eqx`` file), read and
+    checked (``read_metadata``, ``read_arrays``); CheckpointError when it is missing, damaged or unreadable."""
+    path = resolve_checkpoint(path)
+    metadata = read_metadata(path)
+    return CheckpointFile(path, metadata, read_arrays(path, metadata))
 
 
 def read_arrays(path: Path, metadata: dict[str, Any]) -> bytes:
@@ -230,28 +206,28 @@ def read_arrays(path: Path, metadata: dict[str, Any]) -> bytes:
     return data
 
 
-def load_checkpoint(path: Path, metadata: dict[str, Any], config: PPOConfig, spec: EnvSpec) -> Checkpoint:
-    """Read the arrays of the checkpoint ``path`` into a tree shaped by ``config`` and ``spec``.
+def load_checkpoint(
+    file: CheckpointFile, config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute = "xla"
+) -> Checkpoint:
+    """The arrays of ``file`` in a tree shaped by ``config`` and ``spec``, its model computing its convolutions
+    by ``conv_impl``.
 
-    Raises CheckpointError when the ``.eqx`` file is missing, truncated or altered (size and SHA-256 against
-    the metadata), or holds arrays of other shapes or dtypes (another architecture or env).
+    Raises CheckpointError when the arrays are of other shapes or dtypes (another architecture or env).
     """
-    data = read_arrays(path, metadata)
-    arrays = path.with_name(metadata["arrays"])
-    if list(spec.obs_shape) != list(metadata.get("obs_shape", spec.obs_shape)) or spec.num_actions != metadata.get(
-        "num_actions", spec.num_actions
-    ):
+    arrays = file.path.with_name(file.metadata["arrays"])
+    obs_shape, num_actions = file.metadata.get("obs_shape", spec.obs_shape), file.metadata.get("num_actions")
+    if list(spec.obs_shape) != list(obs_shape) or num_actions not in (None, spec.num_actions):
         raise CheckpointError(
-            f"checkpoint {path} is for observations {tuple(metadata['obs_shape'])} and {metadata['num_actions']} "
-            f"actions; {spec.env_id} has {spec.obs_shape} and {spec.num_actions}"
+            f"checkpoint {file.path} is for observations {tuple(obs_shape)} and {num_actions} actions; "
+            f"{spec.env_id} has {spec.obs_shape} and {spec.num_actions}"
         )
-    like = eqx.filter_eval_shape(init_checkpoint, config, spec)
+    like = eqx.filter_eval_shape(init_checkpoint, config, spec, conv_impl=conv_impl)
     try:
-        checkpoint = eqx.tree_deserialise_leaves(io.BytesIO(data), like)
+        checkpoint = eqx.tree_deserialise_leaves(io.BytesIO(file.arrays), like)
     except Exception as error:  # equinox reports a shape, dtype or type mismatch as a RuntimeError with a path
         cause = error.__cause__ or error
         message = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         raise CheckpointError(f"checkpoint {arrays} does not fit this model ({config.env_id}): {message}") from None
-    if int(checkpoint.iteration) != metadata["iteration"]:
-        raise CheckpointError(f"checkpoint {path} is damaged: its arrays are of another iteration")
+    if int(checkpoint.iteration) != file.metadata["iteration"]:
+        raise CheckpointError(f"checkpoint {file.path} is damaged: its arrays are of another iteration")
     return checkpoint

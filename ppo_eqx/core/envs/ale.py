@@ -1,7 +1,7 @@
 """ALE's own vector env (``ale_py.vector_env.AtariVectorEnv``) as an env backend: the only module that imports
 ale_py.
 
-The envs are made to play as EnvPool's do under CleanRL's settings (``ppo_eqx.envs.envpool``; docs/backends.md
+The envs are made to play as EnvPool's do under CleanRL's settings (``ppo_eqx.core.envs.envpool``; docs/backends.md
 has the table, setting by setting). Two of ALE's settings do not mean what EnvPool's of the same name do:
 
 - ALE's ``episodic_life`` ends the whole game at a lost life (its next step is a full ``reset_game``), so the
@@ -29,8 +29,8 @@ from ale_py.vector_env import AtariVectorEnv
 from gymnasium.spaces import Discrete
 from jaxtyping import Array, Bool, Int, UInt8
 
+from ...errors import ConfigError
 from .._types import EnvOutput
-from ..config import ConfigError
 from . import AsyncPool, EnvSpec, Pool
 
 SETTINGS: dict[str, Any] = {

@@ -7,8 +7,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .config import PPOConfig
-from .rundir import CONFIG, HARDWARE, METRICS, SUMMARY, WANDB, write_json
+from ..config import PPOConfig
+from ..host.rundir import CONFIG, HARDWARE, METRICS, SUMMARY, WANDB, write_json
 
 # CleanRL's TensorBoard tags for the metrics it logs.
 TENSORBOARD_TAGS = {

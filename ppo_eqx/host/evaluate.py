@@ -10,11 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import PRNGKeyArray
 
-from ._types import EpisodeStats
-from .config import PPOConfig
-from .envs import backend, derived_seeds
-from .networks import ActorCritic
-from .rollout import RolloutCarry, init_episode_stats, sample_actions, update_episode_stats
+from ..config import PPOConfig
+from ..core._types import EpisodeStats
+from ..core.envs import backend, derived_seeds
+from ..core.networks import ActorCritic
+from ..core.rollout import RolloutCarry, init_episode_stats, sample_actions, update_episode_stats
 
 EVAL_STREAM = 2**32 - 1
 """Second word of the SeedSequence entropy of evaluation envs; training's segments use the iteration there."""
@@ -108,8 +108,12 @@ def summarise(evaluation: Evaluation) -> dict[str, float]:
     }
 
 
+VIDEO_FORMATS = {".mp4": ("av", "PyAV: pip install av"), ".gif": ("PIL", "Pillow: pip install pillow")}
+"""The video files ``VideoWriter`` writes, by suffix: the module each needs and how to install it."""
+
+
 class VideoWriter:
-    """Frames (``[H, W, 3]`` uint8) to an ``.mp4`` (H.264 through PyAV) or a ``.gif`` (Pillow).
+    """Frames (``[H, W, 3]`` uint8) to an ``.mp4`` (H.264 through PyAV) or a ``.gif`` (Pillow): ``VIDEO_FORMATS``.
 
     Both encode in this process: no ffmpeg subprocess is forked from the multithreaded JAX process.
     An ``.mp4`` is streamed to disk frame by frame; a ``.gif`` is kept in memory until ``close()``.
@@ -120,6 +124,8 @@ class VideoWriter:
         self._frames: list[np.ndarray] = []
         self._container: Any = None
         self._stream: Any = None
+        if path.suffix.lower() not in VIDEO_FORMATS:
+            raise ValueError(f"video {path}: the name must end in {' or '.join(VIDEO_FORMATS)}")
         if path.suffix.lower() == ".mp4":
             import av
 

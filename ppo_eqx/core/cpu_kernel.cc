@@ -1,4 +1,5 @@
-// The Nature CNN's first convolution on XLA:CPU, by hand: forward and weight gradient.
+// The Nature CNN's three convolutions on XLA:CPU, by hand. First, the first layer: forward and weight gradient
+// (the other two, 64 output channels, follow further down).
 //
 // Both read the frames as the env returns them, uint8 [B, C, H, W], and fold each frame by the layer's
 // stride s (space-to-depth) into a float buffer, scaled by 1/255, that stays in cache: the layer is then a

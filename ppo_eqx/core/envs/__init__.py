@@ -4,7 +4,7 @@ A backend (``EnvBackend``) knows the spec of an env id and makes pools of N envs
 steps all of them at once through a pure, jittable ``step(handle, actions) -> (handle, EnvOutput)``; an
 ``AsyncPool`` (where the backend has one) receives and sends R of them at a time. Each backend lives in a
 module of its own, the only one that imports its library; ``backend(name)`` imports it on first use.
-``envpool`` (``ppo_eqx.envs.envpool``, the default) and ``ale`` (``ppo_eqx.envs.ale``, ALE's own vector env).
+``envpool`` (``ppo_eqx.core.envs.envpool``, the default) and ``ale`` (``ppo_eqx.core.envs.ale``, ALE's own vector env).
 """
 
 import importlib
@@ -17,8 +17,8 @@ import numpy as np
 from jax import custom_batching
 from jaxtyping import Array, Int
 
+from ...errors import ConfigError
 from .._types import EnvOutput
-from ..config import ConfigError
 
 EnvStep = Callable[[Any, Int[Array, " N"]], tuple[Any, EnvOutput]]
 """``env_step(handle, actions) -> (handle, EnvOutput)``: pure, jittable, the handle threaded through."""
@@ -37,8 +37,8 @@ class _Module(NamedTuple):
 
 
 BACKENDS = {
-    "envpool": _Module("ppo_eqx.envs.envpool", ("envpool",), "pip install envpool"),
-    "ale": _Module("ppo_eqx.envs.ale", ("ale_py", "chex", "gymnasium"), "pip install 'ppo_eqx[ale]'"),
+    "envpool": _Module("ppo_eqx.core.envs.envpool", ("envpool",), "pip install envpool"),
+    "ale": _Module("ppo_eqx.core.envs.ale", ("ale_py", "chex", "gymnasium"), "pip install 'ppo_eqx[ale]'"),
 }
 """Backend name -> where it lives and what it needs."""
 
