@@ -278,6 +278,16 @@ def conv_route(python: str, env: dict[str, str], conv_impl: str) -> dict[str, An
     return {"conv_impl": conv_impl, "resolved": resolved, "reads_kernel_isa_variable": reads_variable == "True"}
 
 
+def avx2_caveat(isa: str, route: dict[str, Any]) -> str | None:
+    """Why an ``--isa avx2`` figure of ppo-eqx is not an AVX2 one, or None when it is."""
+    if isa == "avx2" and route["resolved"] == "kernel" and not route["reads_kernel_isa_variable"]:
+        return (
+            f"the installed ppo_eqx ignores {KERNEL_ISA_VARIABLE}: its C++ kernel runs AVX-512 code and only XLA's "
+            "code is capped at AVX2 (--conv-impl matmul runs what an AVX2-only CPU gets from this ppo_eqx)"
+        )
+    return None
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -413,6 +423,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "cleanrl_versions": package_versions(str(args.cleanrl_python), cleanrl_env, versions),
         "ppo_eqx_versions": package_versions(str(args.ppo_eqx_python), ppo_eqx_env, versions),
     }
+    if caveat := avx2_caveat(args.isa, header["ppo_eqx_conv_route"]):
+        header["caveat"] = caveat
+        print(f"# warning: {caveat}", flush=True)
     rows = []
     with tempfile.TemporaryDirectory(prefix="cleanrl_side_by_side_") as tmp:
         work = Path(tmp)

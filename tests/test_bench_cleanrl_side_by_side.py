@@ -208,3 +208,11 @@ def test_a_watched_process_has_its_lines_stamped_and_its_tree_memory_measured(
     assert finished.sampled_peak_bytes >= 200 * 2**20  # the grandchild's memory, counted in the tree
     assert finished.peak_rss_mib >= 200
     assert finished.maxrss_bytes > 0
+
+
+def test_an_avx2_figure_with_an_avx512_kernel_says_so(bench: ModuleType) -> None:
+    ignored = {"resolved": "kernel", "reads_kernel_isa_variable": False}
+    assert "ignores PPO_EQX_KERNEL_ISA" in bench.avx2_caveat("avx2", ignored)
+    assert bench.avx2_caveat("native", ignored) is None
+    assert bench.avx2_caveat("avx2", {"resolved": "matmul", "reads_kernel_isa_variable": False}) is None
+    assert bench.avx2_caveat("avx2", {"resolved": "kernel", "reads_kernel_isa_variable": True}) is None
