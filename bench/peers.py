@@ -47,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--breakout-iterations", type=int, default=122, help="(default: %(default)s, ~1M steps)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed to one run")
+    parser.add_argument(
+        "--stall", type=float, default=120, help="end a run whose CPU time has not grown for this many seconds"
+    )
+    parser.add_argument(
+        "--xla-flags", default=None, help="XLA_FLAGS for every run (e.g. --xla_cpu_multi_thread_eigen=false)"
+    )
     parser.add_argument("--json", type=Path, required=True, help="write the results here (and the table as .md)")
     args = parser.parse_args(argv)
     for count in args.agents:
@@ -73,23 +79,57 @@ def machine() -> dict[str, Any]:
     return {"cpu": model, "avx512f": "avx512f" in flags, "cores": len(os.sched_getaffinity(0))}
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (Linux ``/proc``), None where it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def wait_or_stall(process: subprocess.Popen, timeout: float, stall: float) -> str | None:
+    """Wait for ``process``; end it (and say why) past ``timeout`` or when its CPU time stops growing for ``stall``
+    seconds: XLA:CPU's multithreaded Eigen pool can wedge with every thread idle (docs: XLA_FLAGS workaround)."""
+    start = last_change = time.monotonic()
+    last_cpu = cpu_seconds(process.pid)
+    while process.poll() is None:
+        time.sleep(2)
+        now, cpu = time.monotonic(), cpu_seconds(process.pid)
+        if cpu != last_cpu:
+            last_cpu, last_change = cpu, now
+        reason = None
+        if now - start > timeout:
+            reason = f"timed out after {timeout:.0f} s"
+        elif cpu is not None and now - last_change > stall:
+            reason = f"stalled: no CPU time for {stall:.0f} s (an XLA:CPU hang; see --xla-flags)"
+        if reason:
+            process.kill()
+            process.wait()
+            return reason
+    return None
+
+
 def run_runner(python: Path, runner: str, extra: list[str], task: str, agents: int, args: argparse.Namespace) -> dict:
     """One peer's run in a fresh process of ``python``; its JSON result, or ``{"error": ...}``."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
+        out, log = Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
         command = [str(python), str(RUNNERS / runner), "--task", task, "--num-agents", str(agents)]
         command += ["--seed", str(args.seed), "--out", str(out), *extra]
         if task == "breakout":
             command += ["--num-iterations", str(args.breakout_iterations)]
+        env = dict(os.environ, **({"XLA_FLAGS": args.xla_flags} if args.xla_flags else {}))
         start = time.perf_counter()
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, cwd=RUNNERS)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {args.timeout:.0f} s", "command": command}
-        if done.returncode != 0 or not out.is_file():
-            return {"error": done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"], "command": command}
+        with log.open("w") as stderr:
+            process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, cwd=RUNNERS, env=env)
+            failed = wait_or_stall(process, args.timeout, args.stall)
+        if failed:
+            return {"error": failed, "command": command}
+        if process.returncode != 0 or not out.is_file():
+            last = log.read_text().strip().splitlines()[-1:] or [f"exit {process.returncode}"]
+            return {"error": last, "command": command}
         result = json.loads(out.read_text())
-        result.update(command=command, subprocess_s=time.perf_counter() - start)
+        result.update(command=command, subprocess_s=time.perf_counter() - start, xla_flags=args.xla_flags)
         return result
 
 
