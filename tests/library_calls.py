@@ -63,8 +63,8 @@ frames = jnp.zeros((2, 4, 84, 84), jnp.uint8)
 
 
 def gae(**changes: Any) -> Any:
-    args = {"rewards": f32(T, N), "values": f32(T, N), "dones": no(T, N), "last_value": f32(N)}
-    kwargs = {"gamma": 0.99, "gae_lambda": 0.95}
+    args: dict[str, Any] = {"rewards": f32(T, N), "values": f32(T, N), "dones": no(T, N), "last_value": f32(N)}
+    kwargs: dict[str, Any] = {"gamma": 0.99, "gae_lambda": 0.95}
     for name, value in changes.items():
         (args if name in args else kwargs)[name] = value
     return compute_gae(**args, **kwargs)

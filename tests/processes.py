@@ -188,9 +188,16 @@ class Child:
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"{self.args} did not exit within {timeout:.0f} s\n{self._log()}") from None
+        self._close()
+        return self.process.returncode
+
+    def _close(self) -> None:
+        """Read the pipes to their end (they end with the process's session) and close them."""
         for reader in self._readers:
             reader.join(timeout=30)
-        return self.process.returncode
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
 
     def kill(self) -> None:
         """SIGKILL the child's whole session (it may have started processes of its own; a stopped process dies
@@ -205,11 +212,7 @@ class Child:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
-        for reader in self._readers:  # the pipes end with the session
-            reader.join(timeout=30)
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream is not None:
-                stream.close()
+        self._close()
 
 
 def run_child(

@@ -40,13 +40,13 @@ def names_holder(line: str, holder: Child) -> bool:
 
 def run_until_refused_or_started(args: list[str]) -> Child:
     """Start ``args`` and wait until it exits or says it has taken its run directory; in that case it is not
-    refused (the tests then fail), and it is killed at once rather than trained to its end."""
+    refused (the tests then fail), and it is killed at once rather than trained to its end. Returns it ended."""
     child = Child(args)
     child.wait_until(
         "an exit or a start", lambda: not child.running() or any(w in line for line in child.out for w in STARTED)
     )
-    if child.running():
-        child.kill()
+    child.kill()
+    child.finish()
     return child
 
 
@@ -95,6 +95,8 @@ def test_a_second_train_while_one_trains_is_refused_naming_the_holder(holder: Ho
 
 @ISSUE
 def test_the_training_run_finishes_intact_after_every_refusal(holder: Holder) -> None:
+    """After the refusals above (and one more here, so that this test means the same when run alone)."""
+    run_until_refused_or_started(ppo_eqx(*tiny(holder.run_dir, 3), "--overwrite"))
     holder.child.send(signal.SIGCONT)
     assert holder.child.finish() == 0, holder.child.out + holder.child.err
     assert iterations(holder.run_dir) == [1, 2, 3]
