@@ -38,7 +38,7 @@ from _common import (
 
 from ppo_eqx import Batch, compute_gae, make_optimizer, make_pool, model_loss, sync_collector
 from ppo_eqx.checkpoint import init_checkpoint
-from ppo_eqx.networks import categorical_logprob_entropy, choose_conv_impl
+from ppo_eqx.networks import categorical_logprob_entropy
 from ppo_eqx.rollout import RolloutCarry, init_episode_stats, rollout
 from ppo_eqx.train import OneDevice, make_iteration
 from ppo_eqx.update import update
@@ -152,8 +152,7 @@ def main() -> None:
     iteration_sps = rows[-1]["env_steps_per_s"]
     header = {
         "config": {k: v for k, v in dataclasses.asdict(config).items() if k != "total_timesteps"},
-        "environment": environment(),
-        "conv_impl": choose_conv_impl(config.conv_impl, spec.obs_shape),  # what "auto" chose
+        "environment": environment(model.conv_impl),
         **ceilings,
         "compute_limit_sps": limit_sps,
         "iteration_sps": iteration_sps,

@@ -35,7 +35,6 @@ from _common import (
 )
 
 from ppo_eqx import Trainer, make_async_pool, make_pool
-from ppo_eqx.networks import choose_conv_impl
 from ppo_eqx.train import run
 
 
@@ -131,8 +130,7 @@ def main() -> None:
         }
     ]
     header = {
-        "environment": environment(),
-        "conv_impl": choose_conv_impl(config.conv_impl, spec.obs_shape),  # what "auto" chose
+        "environment": environment(trainer.state.model.conv_impl),
         **ceilings,
         "matmul_gflops_before_after": [matmul_before / 1e9, matmul_after / 1e9],
         "setup_s": setup_s,
