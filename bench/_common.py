@@ -215,10 +215,10 @@ def model_flops(config: Any, spec: Any, optimizer: Any) -> dict[str, float]:
     obs = jnp.zeros((size, *spec.obs_shape), jnp.dtype(spec.obs_dtype))
     zeros = jnp.zeros((size,), jnp.float32)
     batch = Batch(obs, jnp.zeros((size,), jnp.int32), zeros - 1.0, zeros, zeros + 1.0, zeros)
-    coefs = {"clip_coef": config.clip_coef, "vf_coef": config.vf_coef, "ent_coef": config.ent_coef}
+    hyperparameters = config.agent_hyperparameters()
 
     def train_step(params, opt_state, batch):
-        grads = jax.grad(lambda p: model_loss(eqx.combine(p, static), batch, **coefs)[0])(params)
+        grads = jax.grad(lambda p: model_loss(eqx.combine(p, static), batch, hyperparameters)[0])(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return eqx.apply_updates(params, updates), opt_state
 
@@ -250,7 +250,12 @@ def device_memory_mib() -> float | None:
 
 
 def write_results(rows: list[dict[str, Any]], header: dict[str, Any], json_path: Path | None) -> None:
-    """Print ``rows`` as an aligned table and, with ``json_path``, write header and rows as JSON."""
+    """Print ``rows`` as an aligned table and, with ``json_path``, write header and rows as JSON.
+
+    ``header["environment"]`` (``environment()``) says where the figures hold: every result records it.
+    """
+    if "environment" not in header:
+        raise ValueError("a bench result's header needs its 'environment' (bench/_common.py's environment())")
     columns: list[str] = []
     for row in rows:
         columns += [key for key in row if key not in columns]
@@ -274,10 +279,12 @@ def write_results(rows: list[dict[str, Any]], header: dict[str, Any], json_path:
         print(f"# written to {json_path}")
 
 
-def environment() -> dict[str, Any]:
-    from ppo_eqx.hardware import hardware_info
+def environment(conv_impl: str | None) -> dict[str, Any]:
+    """``hardware_info`` and jax's backend. ``conv_impl``: the route the bench's model computed its convolutions
+    with (``model.conv_impl``, what "auto" resolved to); None where the rows differ and each row names its own."""
+    from ppo_eqx.cli.hardware import hardware_info
 
-    info = hardware_info()
+    info = hardware_info(conv_impl)
     info["backend"] = jax.default_backend()
     return info
 

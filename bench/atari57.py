@@ -12,7 +12,6 @@ train command. --dry-run prints the command lines, one per line, for GNU paralle
 
 import argparse
 import dataclasses
-import os
 import shlex
 import signal
 import subprocess
@@ -20,14 +19,14 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the package
     sys.path.insert(0, str(REPO_ROOT))
 
-from ppo_eqx.rundir import SUMMARY  # noqa: E402
+from ppo_eqx.host.rundir import SUMMARY  # noqa: E402
 from ppo_eqx_bench.atari_games import ATARI_57  # noqa: E402
+from ppo_eqx_bench.launch import StopRequest, child_env, train_command  # noqa: E402
 
 # Flags the runner sets itself; passing them after `--` would contradict the run directory's name.
 RUNNER_FLAGS = ("--env-id", "--seed", "--total-timesteps", "--run-dir")
@@ -128,26 +127,6 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, extra
 
 
-class _StopRequest:
-    """SIGINT or SIGTERM: remember it; the launch loop stops starting runs and passes it on."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = signum
-
-
-def _child_env(jobs: int) -> dict[str, str]:
-    """The runs import this checkout's ppo_eqx, as the runner does; with several runs on one GPU, each JAX
-    process preallocates its share of the memory instead of JAX's default 75% (unless the caller chose)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    if jobs > 1 and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in env and "XLA_PYTHON_CLIENT_PREALLOCATE" not in env:
-        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{0.9 / jobs:.3f}"
-    return env
-
-
 def _start(run: PlannedRun, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
     """Start one run with its output in its log; None when the command cannot start (no such launcher)."""
     run.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,9 +158,9 @@ def launch(
     finished: list[PlannedRun] = []
     failed: list[PlannedRun] = []
     stopped: list[PlannedRun] = []
-    env = _child_env(jobs)
+    env = child_env(jobs)
     total = len(todo)
-    stop = _StopRequest()
+    stop = StopRequest()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def reap(process: subprocess.Popen[bytes], returncode: int) -> None:
@@ -241,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 0
-    launcher = shlex.split(args.launcher) if args.launcher else [sys.executable, "-m", "ppo_eqx"]
+    launcher = shlex.split(args.launcher) if args.launcher else train_command()
     args.sweep_dir.mkdir(parents=True, exist_ok=True)
     for run in skipped:
         print(f"skip {run.env_id} seed {run.seed}: finished ({run.run_dir / SUMMARY} exists)")

@@ -17,9 +17,7 @@ import numpy as np
 from _common import environment, write_results
 from scipy import stats
 
-from ppo_eqx import PPOConfig, Trainer
-from ppo_eqx.evaluate import evaluate
-from ppo_eqx.train import run
+from ppo_eqx import PPOConfig, Trainer, evaluate, run
 
 
 def parse_args() -> argparse.Namespace:
@@ -74,7 +72,11 @@ def main() -> None:
         "mann_whitney_p": float(stats.mannwhitneyu(envpool, ale, alternative="two-sided").pvalue),
         "zero_in_interval": low <= 0 <= high,
     }
-    header = {"environment": environment(), "train_s": train_s, "returns": {k: v.tolist() for k, v in returns.items()}}
+    header = {
+        "environment": environment(model.conv_impl),
+        "train_s": train_s,
+        "returns": {k: v.tolist() for k, v in returns.items()},
+    }
     write_results([row], header, args.json)
 
 

@@ -96,18 +96,18 @@ def environment_part(settings: Settings) -> dict[str, Any]:
     import jax
     from _common import environment, matmul_rate
 
-    from ppo_eqx.networks import choose_conv_impl
+    from ppo_eqx import resolve_conv_impl
 
     device = jax.devices()[0]
     limit = (device.memory_stats() or {}).get("bytes_limit")
     return {
-        **environment(),
+        **environment(None),  # each train part's row names its conv_impl
         "devices": [str(d) for d in jax.devices()],
         "device_kind": device.device_kind,
         "device_limit_mib": limit / 2**20 if limit else None,
         "xla_python_client_mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
         "matmul_gflops": matmul_rate() / 1e9,
-        "auto_conv_impl": choose_conv_impl("auto", ATARI_SHAPE),
+        "auto_conv_impl": resolve_conv_impl("auto", ATARI_SHAPE),
     }
 
 

@@ -21,36 +21,26 @@ curve is not comparable with them.
 import argparse
 import json
 import math
-import os
 import shlex
-import signal
-import subprocess
 import sys
-import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
-
-import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the package
     sys.path.insert(0, str(REPO_ROOT))
 
-from ppo_eqx import rundir  # noqa: E402
-from ppo_eqx.config import ConfigError, PPOConfig  # noqa: E402
+from ppo_eqx.config import PPOConfig  # noqa: E402
+from ppo_eqx.errors import ConfigError  # noqa: E402
+from ppo_eqx.host import rundir  # noqa: E402
+from ppo_eqx_bench import launch  # noqa: E402
 from ppo_eqx_bench.anchors import ANCHORS_CSV, HUMAN_RANDOM_CSV, AnchorError, load_anchors  # noqa: E402
 from ppo_eqx_bench.runs import Run, find_run_dirs, load_run  # noqa: E402
-from ppo_eqx_bench.stats import FINAL_FRACTION, final_return  # noqa: E402
+from ppo_eqx_bench.stats import FINAL_FRACTION, WINDOW, final_return, steps_text  # noqa: E402
 
-WINDOW = 20
-"""Iterations in the moving average drawn over each seed's per-iteration returns."""
 NO_RUN, UNFINISHED, FINISHED = "no run", "unfinished", "finished"
 DEFAULTS = {"env_id": "Breakout-v5", "total_timesteps": 1_000_000, "num_seeds": 2, "seed": 1}
-CAPTION_WIDTH = 120
-"""Characters per line of the caption under the plot (small font, 8 inches wide)."""
-COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
 
 
 class LearningCurveError(Exception):
@@ -127,22 +117,6 @@ def read_runs(run_dir: Path) -> list[Run]:
 
 
 # ---- the curves (pure) ----
-
-
-def moving_average(values: Sequence[float] | np.ndarray, window: int = WINDOW) -> np.ndarray:
-    """Trailing mean of the finite values among the last ``window`` entries (fewer at the start); NaN where
-    that window holds none."""
-    if window < 1:
-        raise ValueError(f"window {window} must be at least 1")
-    values = np.asarray(values, dtype=np.float64).ravel()
-    finite = np.isfinite(values)
-    sums = np.concatenate([[0.0], np.cumsum(np.where(finite, values, 0.0))])
-    counts = np.concatenate([[0], np.cumsum(finite)])
-    end = np.arange(1, values.size + 1)
-    start = np.maximum(end - window, 0)
-    count = counts[end] - counts[start]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, (sums[end] - sums[start]) / np.maximum(count, 1), np.nan)
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -271,96 +245,6 @@ def reference_scores(env_id: str) -> tuple[float | None, dict[str, Any] | None]:
     return random_score, cleanrl
 
 
-# ---- the figure ----
-
-
-def _steps_text(steps: float) -> str:
-    if steps >= 1e6:
-        return f"{steps / 1e6:.3g}M"
-    return f"{steps / 1e3:.3g}k" if steps >= 1e3 else f"{steps:.0f}"
-
-
-def _duration_text(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
-
-
-def caption(data: dict[str, Any]) -> str:
-    finals = ", ".join(
-        f"seed {seed['seed']} {seed['final_return']:.1f}"
-        if seed["final_return"] is not None
-        else f"seed {seed['seed']} -"
-        for seed in data["seeds"]
-    )
-    lines = [
-        f"Final return (mean of the last {FINAL_FRACTION:.0%} of iterations): {finals}. "
-        f"Wall time{'' if data['finished'] else ' so far'}: {_duration_text(data['wall_seconds'])} (seeds together)."
-    ]
-    cleanrl = data["cleanrl_10m_return"]
-    if cleanrl is not None:
-        spread = f" ± {cleanrl['std']:.0f}" if cleanrl["std"] is not None else ""
-        lines.append(
-            f"CleanRL at 10M steps (GPU): {cleanrl['mean']:.0f}{spread} ({cleanrl['seeds']} seeds), not drawn:"
-        )
-        lines.append(
-            f"CleanRL's published returns are at {_steps_text(cleanrl['steps'])} steps and need a GPU to compare."
-        )
-    if data["random_score"] is None:
-        lines.append(f"No random-play score for {data['env_id']} in the shipped table.")
-    return "\n".join(textwrap.fill(line, CAPTION_WIDTH) for line in lines)
-
-
-def plot(data: dict[str, Any]) -> Any:
-    """The figure of ``curve_data``'s data: each seed's per-iteration returns faint, their moving average solid,
-    random play's score dashed."""
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(8.0, 5.2), layout="constrained")
-    ax = figure.subplots()
-    window = data["moving_average_iterations"]
-    for index, seed in enumerate(data["seeds"]):
-        color = COLORS[index % len(COLORS)]
-        steps = np.asarray(seed["global_step"], dtype=np.float64) / 1e6
-        returns = np.array([np.nan if v is None else v for v in seed["episodic_return"]], dtype=np.float64)
-        finite = np.isfinite(returns)
-        ax.plot(steps[finite], returns[finite], ".", color=color, markersize=2.5, alpha=0.3, label=None)
-        average = moving_average(returns, window)
-        ax.plot(steps, average, color=color, linewidth=1.8, label=f"seed {seed['seed']}")
-    if data["random_score"] is not None:
-        ax.axhline(
-            data["random_score"],
-            color="gray",
-            linestyle="--",
-            linewidth=1.2,
-            label=f"random play ({data['random_score']:g})",
-        )
-    # One legend entry for what the dots and lines are, drawn in neutral gray.
-    dots = "dots: each iteration's episodic_return (mean over envs of their last game)"
-    ax.plot([], [], ".", color="gray", alpha=0.5, label=dots)
-    ax.plot([], [], color="gray", linewidth=1.8, label=f"lines: moving average over {window} iterations")
-    total = data["total_timesteps"]
-    steps_done = data["steps_done"]
-    if not total:
-        steps = f"{_steps_text(steps_done)} env steps per agent"
-    elif data["finished"]:  # the run's total_timesteps, as CleanRL states its own (whole iterations: a bit under)
-        steps = f"{_steps_text(total)} env steps per agent"
-    else:
-        steps = f"{_steps_text(steps_done)} of {_steps_text(total)} env steps per agent (under way)"
-    seeds = len(data["seeds"])
-    ax.set_title(
-        f"{data['env_id']}: {steps}, {seeds} seed{'s' if seeds != 1 else ''} in one program\n"
-        f"ppo-eqx, CleanRL's hyperparameters, {data['hardware_text']}",
-        fontsize="medium",
-    )
-    ax.set_xlabel("environment steps per agent (millions)")
-    ax.set_ylabel("episodic return")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="upper left")
-    figure.supxlabel(caption(data), fontsize="small")
-    return figure
-
-
 def json_text(data: dict[str, Any]) -> str:
     """``data`` as JSON with one line per top-level field and per seed (the curves are long), no NaN."""
 
@@ -381,7 +265,9 @@ def write_outputs(data: dict[str, Any], out: Path) -> tuple[Path, Path]:
     """OUT.png and OUT.json."""
     out.parent.mkdir(parents=True, exist_ok=True)
     png, json_path = out.with_name(out.name + ".png"), out.with_name(out.name + ".json")
-    plot(data).savefig(png, dpi=100)
+    from ppo_eqx_bench.plots import learning_curve_figure  # matplotlib only when plotting
+
+    learning_curve_figure(data).savefig(png, dpi=100)
     json_path.write_text(json_text(data))
     return png, json_path
 
@@ -389,36 +275,13 @@ def write_outputs(data: dict[str, Any], out: Path) -> tuple[Path, Path]:
 # ---- training ----
 
 
-def _child_env() -> dict[str, str]:
-    """The training imports this checkout's ppo_eqx, as this script does."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    return env
-
-
 def train(arguments: list[str]) -> None:
-    """Run ``python -m ppo_eqx ARGUMENTS`` to its end; LearningCurveError if it fails.
-
-    The child runs in its own session: each SIGINT or SIGTERM this script gets is passed on once (the trainer
-    stops after its iteration at the first, at once at the second), never twice by the terminal and by us.
-    """
-    command = [sys.executable, "-m", "ppo_eqx", *arguments]
-    print(f"learning_curve.py: {shlex.join(command)}", flush=True)
+    """Run ``ppo-eqx ARGUMENTS`` to its end (``launch.run_to_end``); LearningCurveError if it fails."""
+    print(f"learning_curve.py: {shlex.join([*launch.train_command(), *arguments])}", flush=True)
     try:
-        process = subprocess.Popen(command, env=_child_env(), start_new_session=True)
+        returncode = launch.run_to_end(arguments)
     except OSError as error:
         raise LearningCurveError(f"cannot start training: {error}") from None
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        if process.poll() is None:
-            process.send_signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        returncode = process.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     if returncode in (130, 143):  # the trainer's exit after SIGINT or SIGTERM, checkpointed
         raise LearningCurveError(f"training stopped (exit {returncode}); run this again to continue it")
     if returncode != 0:
@@ -464,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     for seed in data["seeds"]:
         final = "none yet" if seed["final_return"] is None else f"{seed['final_return']:.2f}"
-        print(f"seed {seed['seed']}: {_steps_text(seed['final_step'])} steps, final return {final}")
+        print(f"seed {seed['seed']}: {steps_text(seed['final_step'])} steps, final return {final}")
     print(f"written {png} and {json_path}")
     return 0
 

@@ -36,12 +36,20 @@ from _common import (
     write_results,
 )
 
-from ppo_eqx import Batch, compute_gae, make_optimizer, make_pool, model_loss, sync_collector
-from ppo_eqx.checkpoint import init_checkpoint
-from ppo_eqx.networks import categorical_logprob_entropy, choose_conv_impl
-from ppo_eqx.rollout import RolloutCarry, init_episode_stats, rollout
-from ppo_eqx.train import OneDevice, make_iteration
-from ppo_eqx.update import update
+from ppo_eqx import (
+    Batch,
+    compute_gae,
+    init_state,
+    make_iteration,
+    make_optimizer,
+    make_pool,
+    model_loss,
+    resolve_conv_impl,
+    sync_collector,
+    update,
+)
+from ppo_eqx.core.networks import categorical_logprob_entropy
+from ppo_eqx.core.rollout import RolloutCarry, init_episode_stats, rollout
 
 
 def parse_args() -> argparse.Namespace:
@@ -56,9 +64,11 @@ def main() -> None:
     config = config_from_args(args, total_timesteps=args.num_envs * args.num_steps * 100)
     pool = make_pool(config.env_id, config.num_envs, seed=config.seed)
     spec, handle, env_step = pool.spec, pool.handle, pool.step
-    optimizer = make_optimizer(config)
-    collector = sync_collector(pool, num_steps=config.num_steps, gamma=config.gamma, gae_lambda=config.gae_lambda)
-    state = OneDevice().place(init_checkpoint(config, spec), collector)
+    hyperparameters, sizes = config.agent_hyperparameters(), config.sizes
+    optimizer = make_optimizer(hyperparameters, sizes)
+    collector = sync_collector(pool, num_steps=config.num_steps)
+    conv_impl = resolve_conv_impl(config.conv_impl, spec.obs_shape)  # what "auto" chose
+    state = init_state(config, spec, collector, conv_impl=conv_impl)
     model = state.model
     n, t, r = config.num_envs, config.num_steps, args.repeats
     rows = []
@@ -114,34 +124,21 @@ def main() -> None:
         f32(size),
     )
     minibatch = jax.tree.map(lambda x: x[: config.minibatch_size], batch)
-    coefs = {"clip_coef": config.clip_coef, "vf_coef": config.vf_coef, "ent_coef": config.ent_coef}
     opt_state = state.opt_state
 
     @eqx.filter_jit
     def minibatch_step(model, opt_state, minibatch):
-        grads = eqx.filter_grad(lambda m: model_loss(m, minibatch, **coefs)[0])(model)
+        grads = eqx.filter_grad(lambda m: model_loss(m, minibatch, hyperparameters)[0])(model)
         updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
         return eqx.apply_updates(model, updates), opt_state
 
     updates_per_iteration = config.update_epochs * config.num_minibatches
     add("minibatch update", minibatch_step, (model, opt_state, minibatch), size // updates_per_iteration)
 
-    full_update = eqx.filter_jit(
-        lambda m, o, b, k: update(
-            m,
-            o,
-            b,
-            optimizer=optimizer,
-            num_minibatches=config.num_minibatches,
-            update_epochs=config.update_epochs,
-            unroll=config.minibatch_unroll,
-            key=k,
-            **coefs,
-        )
-    )
+    full_update = eqx.filter_jit(lambda m, o, b, k: update(m, o, b, hyperparameters, sizes=sizes, key=k))
     add("full update", full_update, (model, opt_state, batch, jax.random.PRNGKey(3)), size, repeats=max(2, r // 2))
 
-    iteration = eqx.filter_jit(make_iteration(config, collector, optimizer))
+    iteration = eqx.filter_jit(make_iteration(collector, sizes))
     add("whole iteration", iteration, (state,), size, repeats=max(2, r // 2))
 
     ceilings = model_flops(config, spec, optimizer)
@@ -152,8 +149,7 @@ def main() -> None:
     iteration_sps = rows[-1]["env_steps_per_s"]
     header = {
         "config": {k: v for k, v in dataclasses.asdict(config).items() if k != "total_timesteps"},
-        "environment": environment(),
-        "conv_impl": choose_conv_impl(config.conv_impl, spec.obs_shape),  # what "auto" chose
+        "environment": environment(conv_impl),
         **ceilings,
         "compute_limit_sps": limit_sps,
         "iteration_sps": iteration_sps,

@@ -130,19 +130,16 @@ def main() -> None:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from _common import config_from_args, environment, matmul_rate, write_results
+    from _common import blas_matmul_rate, config_from_args, environment, matmul_rate, write_results
 
-    from ppo_eqx import cpu_kernel
-    from ppo_eqx._types import Batch
-    from ppo_eqx.envs import env_spec
-    from ppo_eqx.networks import ActorCritic
-    from ppo_eqx.update import make_optimizer, update
+    from ppo_eqx import ActorCritic, Batch, env_spec, make_optimizer, resolve_conv_impl, update
 
     config = config_from_args(args)
     spec = env_spec(config.env_id)
-    model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=config.conv_impl, key=jax.random.PRNGKey(0))
-    optimizer = make_optimizer(config)
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    conv_impl = resolve_conv_impl(config.conv_impl, spec.obs_shape)  # type: ignore[arg-type]
+    model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=conv_impl, key=jax.random.PRNGKey(0))
+    hyperparameters, sizes = config.agent_hyperparameters(), config.sizes
+    opt_state = make_optimizer(hyperparameters, sizes).init(eqx.filter(model, eqx.is_array))
     rng = np.random.default_rng(0)
     size = config.batch_size
     f32 = lambda: jnp.asarray(rng.normal(size=size), jnp.float32)  # noqa: E731
@@ -161,25 +158,12 @@ def main() -> None:
     steps = config.update_epochs * config.num_minibatches
     params, static = eqx.partition(model, eqx.is_array)
     # jax.jit (not eqx.filter_jit) so that the compiled program's HLO text is at hand.
-    full_update = jax.jit(
-        lambda p, o, b, k: update(
-            eqx.combine(p, static),
-            o,
-            b,
-            optimizer=optimizer,
-            num_minibatches=config.num_minibatches,
-            update_epochs=config.update_epochs,
-            clip_coef=config.clip_coef,
-            vf_coef=config.vf_coef,
-            ent_coef=config.ent_coef,
-            unroll=config.minibatch_unroll,
-            key=k,
-        )
-    )
+    full_update = jax.jit(lambda p, o, b, k: update(eqx.combine(p, static), o, b, hyperparameters, sizes=sizes, key=k))
     call_args = (params, opt_state, batch, jax.random.PRNGKey(1))
     table = hlo_instructions(full_update.lower(*call_args).compile().as_text())
     jax.block_until_ready(full_update(*call_args))
-    flop_rate = matmul_rate()
+    # Under --isa XLA's matmuls ignore the cap (bench/train_speed.py): the rate of the ISA is OpenBLAS's.
+    flop_rate = blas_matmul_rate() if args.isa else matmul_rate()
 
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
@@ -210,12 +194,11 @@ def main() -> None:
         )
     products = sum(ms for name, ms in ops.items() if product_flops(name, table))
     header = {
-        "environment": environment(),
-        "conv_impl": model.conv_impl,
-        "kernel_isa": cpu_kernel.isa() if model.conv_impl == "kernel" else None,
+        "environment": environment(model.conv_impl),
         "isa_cap": args.isa,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "matmul_gflops": flop_rate / 1e9,
+        "matmul_rate_from": "openblas" if args.isa else "xla",
         "update_ms": update_ms,
         "minibatch_steps": steps,
         "matrix_products_share": products / update_ms,

@@ -1,4 +1,4 @@
-"""The real training loop's speed: ``ppo_eqx.train.run`` for a fixed number of iterations after warm-up.
+"""The real training loop's speed: ``ppo_eqx.run`` for a fixed number of iterations after warm-up.
 
 Reports env steps/s of the loop (median and overall over the timed iterations), the time per phase, the
 compile time of the first iteration and the peak memory, beside this machine's ceilings measured in the
@@ -45,9 +45,7 @@ from _common import (
     write_results,
 )
 
-from ppo_eqx import Trainer, cpu_kernel, make_async_pool, make_pool
-from ppo_eqx.networks import choose_conv_impl
-from ppo_eqx.train import run
+from ppo_eqx import Trainer, make_async_pool, make_pool, run
 
 
 def parse_args() -> argparse.Namespace:
@@ -144,13 +142,9 @@ def main() -> None:
             "peak_rss_mib": peak_rss_mib(),
         }
     ]
-    conv_impl = choose_conv_impl(config.conv_impl, spec.obs_shape)  # what "auto" chose
     header = {
-        "environment": environment(),
-        "conv_impl": conv_impl,
-        "kernel_isa": cpu_kernel.isa() if conv_impl == "kernel" else None,  # what the kernel was built for
+        "environment": environment(trainer.conv_impl),  # the route "auto" chose, and the kernel's ISA
         "isa_cap": args.isa,  # None: this CPU's own ISA
-        "xla_flags": os.environ.get("XLA_FLAGS"),
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
         **ceilings,
         "matmul_gflops_before_after": [matmul_before / 1e9, matmul_after / 1e9],  # XLA's

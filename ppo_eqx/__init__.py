@@ -1,40 +1,64 @@
-"""ppo_eqx: CleanRL's PPO for Atari on EnvPool's XLA interface, as typed pure functions in JAX and Equinox."""
+"""ppo_eqx: CleanRL's PPO for Atari on EnvPool's XLA interface, as typed pure functions in JAX and Equinox.
 
-from ._types import AsyncTransition as AsyncTransition
-from ._types import Batch as Batch
-from ._types import EnvOutput as EnvOutput
-from ._types import EpisodeStats as EpisodeStats
-from ._types import LossInfo as LossInfo
-from ._types import Transition as Transition
-from .checkpoint import Checkpoint as Checkpoint
-from .collect import Collector as Collector
-from .collect import async_collector as async_collector
-from .collect import sync_collector as sync_collector
-from .config import ConfigError as ConfigError
+Train and keep the result::
+
+    config = ppo_eqx.PPOConfig(env_id="CartPole-v1", total_timesteps=50_000)
+    with ppo_eqx.Trainer(config) as trainer:
+        for record in ppo_eqx.run(trainer):  # one dict per iteration: global_step, episodic_return, loss, ...
+            ...
+        path = ppo_eqx.save_checkpoint(run_dir, trainer.checkpoint(), config, trainer.spec, keep=3)
+
+Resume with ``Trainer(config, restore=load_checkpoint(read_checkpoint(path), config, spec))``, play with
+``evaluate``. The pure pieces compose without a Trainer: ``init_state`` and ``make_iteration`` (one jittable
+iteration), ``sync_collector``, ``rollout``, ``update``, ``ppo_loss``, ``compute_gae``, ``ActorCritic``. The layout:
+``ppo_eqx.core`` the pure functions, ``ppo_eqx.host`` what runs them (trainer, loop, checkpoints), ``ppo_eqx.cli``
+the ``ppo-eqx`` program; everything here is re-exported from there.
+"""
+
 from .config import PPOConfig as PPOConfig
-from .envs import AsyncEnv as AsyncEnv
-from .envs import AsyncPool as AsyncPool
-from .envs import EnvBackend as EnvBackend
-from .envs import EnvSpec as EnvSpec
-from .envs import Pool as Pool
-from .envs import make_async_pool as make_async_pool
-from .envs import make_pool as make_pool
-from .gae import compute_gae as compute_gae
-from .gae import compute_gae_by_env as compute_gae_by_env
-from .iteration import TrainState as TrainState
-from .iteration import make_iteration as make_iteration
-from .loss import model_loss as model_loss
-from .loss import ppo_loss as ppo_loss
-from .networks import ActorCritic as ActorCritic
-from .rollout import AsyncRolloutCarry as AsyncRolloutCarry
-from .rollout import RolloutCarry as RolloutCarry
-from .rollout import async_rollout as async_rollout
-from .rollout import init_episode_stats as init_episode_stats
-from .rollout import rollout as rollout
-from .train import OneDevice as OneDevice
-from .train import Trainer as Trainer
-from .train import train as train
-from .update import make_optimizer as make_optimizer
-from .update import update as update
+from .core._types import Batch as Batch
+from .core._types import EnvOutput as EnvOutput
+from .core._types import EpisodeStats as EpisodeStats
+from .core._types import LossInfo as LossInfo
+from .core._types import Transition as Transition
+from .core.collect import Collector as Collector
+from .core.collect import async_collector as async_collector
+from .core.collect import sync_collector as sync_collector
+from .core.envs import AsyncPool as AsyncPool
+from .core.envs import EnvBackend as EnvBackend
+from .core.envs import EnvSpec as EnvSpec
+from .core.envs import Pool as Pool
+from .core.envs import env_spec as env_spec
+from .core.envs import make_async_pool as make_async_pool
+from .core.envs import make_pool as make_pool
+from .core.gae import compute_gae as compute_gae
+from .core.iteration import make_iteration as make_iteration
+from .core.iteration import make_prime as make_prime
+from .core.loss import model_loss as model_loss
+from .core.loss import ppo_loss as ppo_loss
+from .core.networks import ActorCritic as ActorCritic
+from .core.rollout import RolloutCarry as RolloutCarry
+from .core.rollout import init_episode_stats as init_episode_stats
+from .core.rollout import rollout as rollout
+from .core.state import Checkpoint as Checkpoint
+from .core.state import TrainState as TrainState
+from .core.update import make_optimizer as make_optimizer
+from .core.update import update as update
+from .errors import CheckpointError as CheckpointError
+from .errors import ConfigError as ConfigError
+from .errors import NonFiniteError as NonFiniteError
+from .host.checkpoint import load_checkpoint as load_checkpoint
+from .host.checkpoint import read_checkpoint as read_checkpoint
+from .host.checkpoint import save_checkpoint as save_checkpoint
+from .host.conv_route import resolve_conv_impl as resolve_conv_impl
+from .host.evaluate import evaluate as evaluate
+from .host.loop import run as run
+from .host.loop import run_seeds as run_seeds
+from .host.loop import train as train
+from .host.placement import init_state as init_state
+from .host.trainer import Trainer as Trainer
+from .hyperparameters import AgentHyperparameters as AgentHyperparameters
+from .hyperparameters import Hyperparameters as Hyperparameters
+from .hyperparameters import Sizes as Sizes
 
 __version__ = "0.1.0"

@@ -1,28 +1,39 @@
-"""PPOConfig: every hyperparameter, with CleanRL's names and defaults, validated in one place."""
+"""PPOConfig: every setting of a run, with CleanRL's names and defaults, validated in one place.
+
+Its first fields are the hyperparameters that the agents of one program may differ in (``Hyperparameters``, in
+``hyperparameters.py``, where each is declared once with its array face); the rest set sizes, envs and the run.
+Each field's metadata holds its one line of help (from which the command line derives its flag) and what it
+allows besides its type (a range or choices).
+"""
 
 import dataclasses
 import itertools
 import math
-from collections.abc import Mapping
-from typing import Any, Literal, NamedTuple, get_args, no_type_check
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, get_args, no_type_check
 
-
-class ConfigError(ValueError):
-    """An impossible or unknown setting; the message names the value and what is allowed."""
-
+from .errors import ConfigError
+from .hyperparameters import (
+    FLOAT32_MAX,
+    AgentHyperparameters,
+    FieldRange,
+    Hyperparameters,
+    Sizes,
+    config_field,
+)
 
 ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
+"""How convolutions are computed: a route (``core.networks.ConvRoute``) or "auto", resolved at the edge
+(``host.conv_route.resolve_conv_impl``)."""
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 ENV_BACKENDS = ("envpool", "ale")
-"""The env backends a config may name (``ppo_eqx.envs.BACKENDS`` maps each to its module)."""
+"""The env backends a config may name (``ppo_eqx.core.envs.BACKENDS`` maps each to its module)."""
 
 INT32_MAX = 2**31 - 1
 """The largest count or seed: EnvPool takes int32 seeds, and JAX counts in int32."""
-FLOAT32_MAX = (2 - 2**-23) * 2.0**127
-"""The largest finite float32 (about 3.4e38): every float setting becomes one under jit."""
-FLOAT32_TINY = 2.0**-126
-"""The smallest normal float32 (about 1.2e-38): XLA on CPU flushes smaller numbers to 0, so a setting that must
-be > 0 must be at least this."""
+POSITIVE = FieldRange(1, INT32_MAX, "a positive integer")
+AGENT_PREFIX = "seed"
+"""An agent's name in a run of several ends in ``seedK`` (``agent_names``), as its directory does."""
 
 
 # PPOConfig takes values from users and files and checks them itself, in validate(); the test run's type checker
@@ -30,107 +41,63 @@ be > 0 must be at least this."""
 # checkers still read the annotations; typing.get_type_hints(PPOConfig) is {}, dataclasses.fields(...).type is not.
 @no_type_check
 @dataclasses.dataclass(frozen=True)
-class PPOConfig:
-    """Hyperparameters of ``ppo_atari_envpool_xla_jax.py`` (CleanRL), same names and defaults.
+class PPOConfig(Hyperparameters):
+    """The settings of ``ppo_atari_envpool_xla_jax.py`` (CleanRL), same names and defaults, and ppo_eqx's own.
 
-    The fields after ``seed`` are ppo_eqx's own. ``checkpoint_every`` is part of the trajectory: every
-    ``checkpoint_every`` iterations the envs are made afresh, seeded from (seed, iteration), so that a run
-    resumed from a checkpoint sees the same envs as an uninterrupted one. The others change speed, not results.
-
-    Each field's ``metadata["help"]`` is its one-line description, from which the command line derives its flags.
+    The fields before ``env_id`` are ``Hyperparameters``; each field's help says whose it is, CleanRL's or
+    ppo_eqx's own.
+    ``checkpoint_every`` is part of the trajectory: every ``checkpoint_every`` iterations the envs are made
+    afresh, seeded from (seed, iteration), so that a run resumed from a checkpoint sees the same envs as an
+    uninterrupted one. ``num_seeds`` and ``sweep`` make several agents (``agent_configs``), trained in one
+    program. The others change speed, not results (``async_batch_size`` changes both: docs/design.md).
     """
 
-    env_id: str = dataclasses.field(
-        default="Breakout-v5", metadata={"help": "EnvPool task id, e.g. Breakout-v5 or CartPole-v1 (CleanRL's)"}
+    env_id: str = config_field("Breakout-v5", "EnvPool task id, e.g. Breakout-v5 or CartPole-v1 (CleanRL's)")
+    total_timesteps: int = config_field(
+        10_000_000, "environment steps of each agent over the whole run (CleanRL's)", within=POSITIVE
     )
-    total_timesteps: int = dataclasses.field(
-        default=10_000_000, metadata={"help": "environment steps of each agent over the whole run (CleanRL's)"}
+    num_envs: int = config_field(8, "environments stepped in parallel (CleanRL's)", within=POSITIVE)
+    num_steps: int = config_field(128, "steps of each env per rollout (CleanRL's)", within=POSITIVE)
+    num_minibatches: int = config_field(
+        4, "minibatches that each epoch splits the batch into (CleanRL's)", within=POSITIVE
     )
-    learning_rate: float = dataclasses.field(default=2.5e-4, metadata={"help": "Adam's step size (CleanRL's)"})
-    num_envs: int = dataclasses.field(default=8, metadata={"help": "environments stepped in parallel (CleanRL's)"})
-    num_steps: int = dataclasses.field(default=128, metadata={"help": "steps of each env per rollout (CleanRL's)"})
-    anneal_lr: bool = dataclasses.field(
-        default=True, metadata={"help": "anneal the learning rate linearly to 0 over the run (CleanRL's)"}
+    update_epochs: int = config_field(4, "epochs of updates per batch (CleanRL's)", within=POSITIVE)
+    # EnvPool takes seeds in int32 (it asserts so); negative ones it takes too, but CleanRL's script does not
+    # (np.random.seed refuses them), so a seed is one that both can run.
+    seed: int = config_field(
+        1,
+        "seed of the model, the actions and the envs (env i: seed + i) (CleanRL's)",
+        within=FieldRange(0, INT32_MAX, "a 32-bit seed >= 0 (the env backend takes int32 seeds)"),
     )
-    gamma: float = dataclasses.field(default=0.99, metadata={"help": "discount factor (CleanRL's)"})
-    gae_lambda: float = dataclasses.field(
-        default=0.95, metadata={"help": "lambda of generalised advantage estimation (CleanRL's)"}
+    conv_impl: str = config_field(
+        "auto",
+        "how convolutions are computed, each giving the same numbers within float32 rounding: xla (XLA's own, "
+        "as CleanRL), matmul (space-to-depth and matrix products, fast on CPU), kernel (hand-written CPU kernels "
+        "for all three layers, AVX-512 only), or auto (xla off the CPU; on it kernel where it builds, else "
+        "matmul) (ppo_eqx's own)",
+        choices=CONV_IMPLS,
     )
-    num_minibatches: int = dataclasses.field(
-        default=4, metadata={"help": "minibatches that each epoch splits the batch into (CleanRL's)"}
+    minibatch_unroll: int = config_field(
+        1, "unroll of the scan over minibatch steps; larger compiles slower (ppo_eqx's own)", within=POSITIVE
     )
-    update_epochs: int = dataclasses.field(default=4, metadata={"help": "epochs of updates per batch (CleanRL's)"})
-    norm_adv: bool = dataclasses.field(
-        default=True, metadata={"help": "normalise the advantages of each minibatch (CleanRL's)"}
+    checkpoint_every: int = config_field(
+        200, "iterations between checkpoints, where the envs are re-seeded (ppo_eqx's own)", within=POSITIVE
     )
-    clip_coef: float = dataclasses.field(
-        default=0.1, metadata={"help": "clipping range of the policy ratio's surrogate objective (CleanRL's)"}
+    num_seeds: int = config_field(
+        1, "independent agents trained at once, seeds seed .. seed+num_seeds-1 (ppo_eqx's own)", within=POSITIVE
     )
-    clip_vloss: bool = dataclasses.field(
-        default=False, metadata={"help": "clip the value loss around the old values (CleanRL's)"}
+    async_batch_size: int = config_field(
+        0,
+        "0: every env steps at once; R > 0: EnvPool's async mode, R envs a step (ppo_eqx's own)",
+        within=FieldRange(0, INT32_MAX, "0 (off) or a positive integer"),
     )
-    ent_coef: float = dataclasses.field(default=0.01, metadata={"help": "weight of the entropy bonus (CleanRL's)"})
-    vf_coef: float = dataclasses.field(default=0.5, metadata={"help": "weight of the value loss (CleanRL's)"})
-    max_grad_norm: float = dataclasses.field(
-        default=0.5, metadata={"help": "global norm that the gradient is clipped to (CleanRL's)"}
+    env_backend: str = config_field("envpool", "the library that runs the envs (ppo_eqx's own)", choices=ENV_BACKENDS)
+    sweep: tuple[tuple[str, tuple[Any, ...]], ...] | Mapping[str, Sequence[Any]] = config_field(
+        (), "hyperparameters that take several values, one agent per setting (ppo_eqx's own)"
     )
-    seed: int = dataclasses.field(
-        default=1, metadata={"help": "seed of the model, the actions and the envs (env i: seed + i) (CleanRL's)"}
-    )
-    # ppo_eqx's own settings.
-    conv_impl: str = dataclasses.field(
-        default="auto",
-        metadata={
-            "help": "how convolutions are computed: auto (xla on a GPU; kernel, else matmul, on CPU), kernel, "
-            "matmul or xla (ppo_eqx's own)"
-        },
-    )
-    """How convolutions are computed (one of CONV_IMPLS): "xla" (lax.conv_general_dilated, as CleanRL; cuDNN on
-    a GPU), "matmul" (space-to-depth, then matmuls; fast on CPU), "kernel" (as matmul, the first layer by a
-    hand-written CPU kernel; CPU only, faster still), or "auto": on the CPU "kernel" where the kernel builds,
-    else "matmul"; on any other backend (GPU, TPU) "xla". Same numbers within float32 rounding."""
-    minibatch_unroll: int = dataclasses.field(
-        default=1, metadata={"help": "unroll of the scan over minibatch steps; larger compiles slower (ppo_eqx's own)"}
-    )
-    """``unroll`` of the ``lax.scan`` over minibatch steps; larger compiles slower."""
-    checkpoint_every: int = dataclasses.field(
-        default=200, metadata={"help": "iterations between checkpoints, where the envs are re-seeded (ppo_eqx's own)"}
-    )
-    """Iterations between checkpoints; the envs are re-seeded from (seed, iteration) at each one. 200
-    iterations of CleanRL's Atari batch are about 205k steps (6 minutes on 2 CPU cores): each re-seeding
-    compiles the iteration anew (in the background), and each cuts the episodes under way."""
-    num_seeds: int = dataclasses.field(
-        default=1,
-        metadata={"help": "independent agents trained at once, seeds seed .. seed+num_seeds-1 (ppo_eqx's own)"},
-    )
-    """Independent agents trained in one program, with seeds ``seed`` .. ``seed + num_seeds - 1``: agent s is
-    the run with seed ``seed + s`` (its own ``num_envs`` envs, model, optimizer and key)."""
-    async_batch_size: int = dataclasses.field(
-        default=0,
-        metadata={"help": "0: every env steps at once; R > 0: EnvPool's async mode, R envs a step (ppo_eqx's own)"},
-    )
-    """0 (the default): CleanRL's synchronous pool, every env steps at once. R > 0: EnvPool's async mode, a
-    deviation from CleanRL. The pool holds ``num_envs`` envs, each rollout step receives the R that finish
-    first, acts on them and sends their actions, while the others keep stepping; R must divide ``num_envs``
-    and be smaller. ``batch_size`` becomes ``num_steps * R`` (``num_envs=16, async_batch_size=8`` keeps the
-    Atari batch of 1024). The first transition of each env in a rollout holds the action that the previous
-    iteration's model chose (and its log-probability), which envs come back together depends on thread
-    timing (runs are not bit-reproducible), and episodes are cut at segment boundaries. For one seed only."""
-    env_backend: str = dataclasses.field(
-        default="envpool", metadata={"help": "the library that runs the envs (ppo_eqx's own)"}
-    )
-    """Which env backend makes the envs (one of ENV_BACKENDS; ``ppo_eqx.envs.backend``)."""
-    sweep: tuple[tuple[str, tuple[Any, ...]], ...] = dataclasses.field(
-        default=(), metadata={"help": "hyperparameters that take several values, one agent per setting (ppo_eqx's own)"}
-    )
-    """Swept hyperparameters, ``((name, (value, ...)), ...)`` with names among ``SWEEPABLE`` (a mapping of name
-    to values is taken too). The settings are the grid of their values (``settings``), each trained with
-    ``num_seeds`` seeds: agent ``k`` of ``num_agents`` is setting ``k // num_seeds`` with seed
-    ``seed + k % num_seeds``, and computes what the single run of ``agent_configs()[k]`` computes. Each agent's
-    swept values are arrays inside the one ``vmap``-ed iteration; the config's own value of a swept field is
-    not used."""
 
     def __post_init__(self) -> None:
+        # ``sweep`` is kept as ((name, (value, ...)), ...); a mapping of name to values is taken too.
         object.__setattr__(self, "sweep", _normal_sweep(self.sweep))
 
     @property
@@ -179,10 +146,26 @@ class PPOConfig:
         """A name for each agent, unique in the run: ``seedK``, under a sweep ``SETTING/seedK`` with the setting
         written as its flags, ``learning-rate=0.001,norm-adv=false``."""
         return [
-            "/".join([*([setting_label(setting)] if self.sweep else []), f"seed{self.seed + s}"])
+            "/".join([*([setting_label(setting)] if self.sweep else []), f"{AGENT_PREFIX}{self.seed + s}"])
             for setting in self.settings
             for s in range(self.num_seeds)
         ]
+
+    @property
+    def sizes(self) -> Sizes:
+        """What sets the iteration's shapes and loop lengths, static under jit."""
+        return Sizes(
+            self.num_agents,
+            self.num_steps,
+            self.num_minibatches,
+            self.update_epochs,
+            self.num_iterations,
+            self.minibatch_unroll,
+        )
+
+    def agent_hyperparameters(self) -> AgentHyperparameters:
+        """The agents' ``Hyperparameters`` as arrays: shared ones scalars, swept ones ``[num_agents]``."""
+        return AgentHyperparameters.of(self.agent_configs())
 
     def replace(self, **changes: Any) -> "PPOConfig":
         return dataclasses.replace(self, **changes)
@@ -270,44 +253,16 @@ class PPOConfig:
             )
 
 
-class FieldRange(NamedTuple):
-    """The closed interval ``[low, high]`` of a number field, and how a value outside it is told off."""
-
-    low: float
-    high: float
-    must_be: str
-
-
-POSITIVE = FieldRange(1, INT32_MAX, "a positive integer")
-PROBABILITY = FieldRange(0.0, 1.0, "in [0, 1]")
-STEP_SIZE = FieldRange(FLOAT32_TINY, FLOAT32_MAX, "> 0")
-WEIGHT = FieldRange(0.0, FLOAT32_MAX, ">= 0")
-
 FIELD_RANGES: dict[str, FieldRange] = {
-    "total_timesteps": POSITIVE,
-    "learning_rate": STEP_SIZE,
-    "num_envs": POSITIVE,
-    "num_steps": POSITIVE,
-    "gamma": PROBABILITY,
-    "gae_lambda": PROBABILITY,
-    "num_minibatches": POSITIVE,
-    "update_epochs": POSITIVE,
-    "clip_coef": WEIGHT,
-    "ent_coef": WEIGHT,
-    "vf_coef": WEIGHT,
-    "max_grad_norm": STEP_SIZE,
-    # EnvPool takes seeds in int32 (it asserts so); negative ones it takes too, but CleanRL's script does not
-    # (np.random.seed refuses them), so a seed is one that both can run.
-    "seed": FieldRange(0, INT32_MAX, "a 32-bit seed >= 0 (the env backend takes int32 seeds)"),
-    "minibatch_unroll": POSITIVE,
-    "checkpoint_every": POSITIVE,
-    "num_seeds": POSITIVE,
-    "async_batch_size": FieldRange(0, INT32_MAX, "0 (off) or a positive integer"),
+    field.name: field.metadata["within"] for field in dataclasses.fields(PPOConfig) if field.metadata["within"]
 }
 """The allowed values of each int and float field of PPOConfig; its declared type says which it is."""
-
-FIELD_CHOICES: dict[str, tuple[str, ...]] = {"conv_impl": CONV_IMPLS, "env_backend": ENV_BACKENDS}
+FIELD_CHOICES: dict[str, tuple[str, ...]] = {
+    field.name: field.metadata["choices"] for field in dataclasses.fields(PPOConfig) if field.metadata["choices"]
+}
 """The allowed values of the str fields that take one of a few."""
+FIELD_TYPES: dict[str, Any] = {field.name: field.type for field in dataclasses.fields(PPOConfig)}
+"""Each field's declared type: ``bool``, ``int``, ``float``, ``str`` (and ``sweep``'s own)."""
 
 MAX_SHOWN = 60
 """Characters of a value's repr that a message shows; longer ones are cut, so that a message is one line."""
@@ -369,18 +324,7 @@ def _check_field(name: str, kind: object, value: Any) -> None:
         raise ConfigError(f"{name}={_show(value)} {problem}; allowed: {_allowed(kind, name)}")
 
 
-SWEEPABLE: tuple[str, ...] = (
-    "learning_rate",
-    "anneal_lr",
-    "gamma",
-    "gae_lambda",
-    "clip_coef",
-    "ent_coef",
-    "vf_coef",
-    "max_grad_norm",
-    "norm_adv",
-    "clip_vloss",
-)
+SWEEPABLE: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Hyperparameters))
 """The fields that ``sweep`` may vary: the per-agent hyperparameters that change no array shape."""
 
 _SHAPES = "changes the iteration's array shapes"
@@ -401,6 +345,11 @@ NOT_SWEEPABLE: dict[str, str] = {
     "sweep": "is the sweep itself",
 }
 """Why each other field cannot be swept in one program: it is swept by separate runs instead."""
+
+
+def flag(name: str) -> str:
+    """The command-line flag of a PPOConfig field: ``num_envs`` -> ``--num-envs``."""
+    return "--" + name.replace("_", "-")
 
 
 def setting_label(setting: Mapping[str, Any]) -> str:
@@ -425,7 +374,7 @@ def _normal_sweep(sweep: Any) -> Any:
 
 def _check_sweep(sweep: Any) -> None:
     """Raise ConfigError unless ``sweep`` is pairs of distinct sweepable names and distinct allowed values."""
-    fields = {field.name: field.type for field in dataclasses.fields(PPOConfig)}
+    fields = FIELD_TYPES
     if not isinstance(sweep, tuple) or any(not isinstance(pair, tuple) or len(pair) != 2 for pair in sweep):
         raise ConfigError(
             f"sweep={_show(sweep)} is not a sweep; allowed: a mapping of hyperparameter name to a list of values"

@@ -1,5 +1,5 @@
-"""The report's figures, as PNG and SVG: learning curves, runtime bars, aggregate human-normalised scores and,
-for a sweep, the final return against each swept field.
+"""The benchmark's figures: the report's, as PNG and SVG (learning curves, runtime bars, aggregate human-normalised
+scores and, for a sweep, the final return against each swept field), and ``bench/learning_curve.py``'s one.
 
 Imports matplotlib (the ``[bench]`` extra) at its top: ``report.write_report`` imports this module only when
 asked for plots, so that the numbers need no plotting library.
@@ -8,6 +8,7 @@ asked for plots, so that the numbers need no plotting library.
 import math
 import os
 import re
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,12 @@ from matplotlib.figure import Figure
 
 from .render import AGGREGATE_NAMES, setting_label, setting_value_text
 from .runs import value_key
-from .stats import AGGREGATES, NAN
+from .stats import AGGREGATES, FINAL_FRACTION, NAN, moving_average, steps_text
 from .tables import GameRow, GameSettings, Report, SettingRow
 
+CAPTION_WIDTH = 120
+"""Characters per line of the caption under a learning curve (small font, 8 inches wide)."""
+COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
 LOG_SPAN = 10.0
 """A swept field's axis is logarithmic when all its values are > 0 and the largest is more than this times the
 smallest (learning rates)."""
@@ -218,3 +222,82 @@ def write_plots(report: Report, out_dir: str | os.PathLike[str]) -> list[Path]:
         games = [game for game in report.settings if field in game.fields]
         written += _save(_sweep_figure(games, field), out_dir, sweep_plot_name(field))
     return written
+
+
+def _duration_text(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
+
+
+def _caption(data: dict[str, Any]) -> str:
+    finals = ", ".join(
+        f"seed {seed['seed']} {seed['final_return']:.1f}"
+        if seed["final_return"] is not None
+        else f"seed {seed['seed']} -"
+        for seed in data["seeds"]
+    )
+    lines = [
+        f"Final return (mean of the last {FINAL_FRACTION:.0%} of iterations): {finals}. "
+        f"Wall time{'' if data['finished'] else ' so far'}: {_duration_text(data['wall_seconds'])} (seeds together)."
+    ]
+    cleanrl = data["cleanrl_10m_return"]
+    if cleanrl is not None:
+        spread = f" ± {cleanrl['std']:.0f}" if cleanrl["std"] is not None else ""
+        lines.append(
+            f"CleanRL at 10M steps (GPU): {cleanrl['mean']:.0f}{spread} ({cleanrl['seeds']} seeds), not drawn:"
+        )
+        lines.append(
+            f"CleanRL's published returns are at {steps_text(cleanrl['steps'])} steps and need a GPU to compare."
+        )
+    if data["random_score"] is None:
+        lines.append(f"No random-play score for {data['env_id']} in the shipped table.")
+    return "\n".join(textwrap.fill(line, CAPTION_WIDTH) for line in lines)
+
+
+def learning_curve_figure(data: dict[str, Any]) -> Figure:
+    """The figure of ``bench/learning_curve.py``'s data (its ``curve_data``): each seed's per-iteration returns
+    faint, their moving average solid, random play's score dashed."""
+    figure = Figure(figsize=(8.0, 5.2), layout="constrained")
+    ax = figure.subplots()
+    window = data["moving_average_iterations"]
+    for index, seed in enumerate(data["seeds"]):
+        color = COLORS[index % len(COLORS)]
+        steps = np.asarray(seed["global_step"], dtype=np.float64) / 1e6
+        returns = np.array([np.nan if v is None else v for v in seed["episodic_return"]], dtype=np.float64)
+        finite = np.isfinite(returns)
+        ax.plot(steps[finite], returns[finite], ".", color=color, markersize=2.5, alpha=0.3, label=None)
+        average = moving_average(returns, window)
+        ax.plot(steps, average, color=color, linewidth=1.8, label=f"seed {seed['seed']}")
+    if data["random_score"] is not None:
+        ax.axhline(
+            data["random_score"],
+            color="gray",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"random play ({data['random_score']:g})",
+        )
+    # One legend entry for what the dots and lines are, drawn in neutral gray.
+    dots = "dots: each iteration's episodic_return (mean over envs of their last game)"
+    ax.plot([], [], ".", color="gray", alpha=0.5, label=dots)
+    ax.plot([], [], color="gray", linewidth=1.8, label=f"lines: moving average over {window} iterations")
+    total = data["total_timesteps"]
+    steps_done = data["steps_done"]
+    if not total:
+        steps = f"{steps_text(steps_done)} env steps per agent"
+    elif data["finished"]:  # the run's total_timesteps, as CleanRL states its own (whole iterations: a bit under)
+        steps = f"{steps_text(total)} env steps per agent"
+    else:
+        steps = f"{steps_text(steps_done)} of {steps_text(total)} env steps per agent (under way)"
+    seeds = len(data["seeds"])
+    ax.set_title(
+        f"{data['env_id']}: {steps}, {seeds} seed{'s' if seeds != 1 else ''} in one program\n"
+        f"ppo-eqx, CleanRL's hyperparameters, {data['hardware_text']}",
+        fontsize="medium",
+    )
+    ax.set_xlabel("environment steps per agent (millions)")
+    ax.set_ylabel("episodic return")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left")
+    figure.supxlabel(_caption(data), fontsize="small")
+    return figure

@@ -31,6 +31,8 @@ NUM_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
 AGGREGATES = ("median", "iqm", "mean")
+WINDOW = 20
+"""Iterations in a learning curve's moving average (``moving_average``)."""
 NAN = float("nan")
 
 # Plain unions, not numpy.typing's array-like one, which the tests' runtime type checker rejects floats for.
@@ -186,3 +188,26 @@ def ratio(numerator: float, denominator: float) -> float:
     if not (math.isfinite(numerator) and math.isfinite(denominator)) or denominator <= 0:
         return NAN
     return numerator / denominator
+
+
+def moving_average(values: Numbers, window: int = WINDOW) -> np.ndarray:
+    """Trailing mean of the finite values among the last ``window`` entries (fewer at the start); NaN where
+    that window holds none."""
+    if window < 1:
+        raise ValueError(f"window {window} must be at least 1")
+    values = np.asarray(values, dtype=np.float64).ravel()
+    finite = np.isfinite(values)
+    sums = np.concatenate([[0.0], np.cumsum(np.where(finite, values, 0.0))])
+    counts = np.concatenate([[0], np.cumsum(finite)])
+    end = np.arange(1, values.size + 1)
+    start = np.maximum(end - window, 0)
+    count = counts[end] - counts[start]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, (sums[end] - sums[start]) / np.maximum(count, 1), np.nan)
+
+
+def steps_text(steps: float) -> str:
+    """A step count in a few characters: ``1.5M``, ``564k``, ``512``."""
+    if steps >= 1e6:
+        return f"{steps / 1e6:.3g}M"
+    return f"{steps / 1e3:.3g}k" if steps >= 1e3 else f"{steps:.0f}"

@@ -33,8 +33,8 @@ def leaves_equal(a, b) -> bool:
 def resume_a_copy(whole: Path, resumed: Path, capsys) -> None:
     """Copy the finished run ``whole`` to ``resumed`` less its last checkpoint (a run stopped after the one
     before) and continue it with ``ppo-eqx train --resume``."""
-    from ppo_eqx.checkpoint import list_checkpoints
     from ppo_eqx.cli import main
+    from ppo_eqx.host.checkpoint import list_checkpoints
 
     shutil.copytree(whole, resumed)
     last = list_checkpoints(resumed)[-1]
@@ -47,6 +47,6 @@ def resume_a_copy(whole: Path, resumed: Path, capsys) -> None:
 
 def final_checkpoint_bytes(run_dir: Path) -> bytes:
     """The arrays of the newest checkpoint in ``run_dir``."""
-    from ppo_eqx.checkpoint import list_checkpoints
+    from ppo_eqx.host.checkpoint import list_checkpoints
 
     return list_checkpoints(run_dir)[-1].with_suffix(".eqx").read_bytes()

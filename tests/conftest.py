@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -39,3 +40,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             "says which): a module's `pytestmark = pytest.mark.unit`, and a decorator on each test that differs:\n"
             + "\n".join(wrong)
         )
+
+
+@pytest.fixture(scope="session")
+def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished tiny CartPole run (``run_files.tiny``: 4 iterations, checkpoints after 2 and 4) that
+    ``ppo-eqx train`` wrote in a process of its own. Tests copy it before they change anything."""
+    from .processes import ppo_eqx, run_child
+    from .run_files import tiny
+
+    run_dir = tmp_path_factory.mktemp("cli_run") / "run"
+    code, out, err = run_child(ppo_eqx(*tiny(run_dir)))
+    assert code == 0, "\n".join(out + err)[-4000:]
+    return run_dir

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ppo_eqx import cpu_kernel
+from ppo_eqx.core import cpu_kernel
 
 ATARI_SHAPE = (4, 84, 84)
 needs_compiler = pytest.mark.skipif(

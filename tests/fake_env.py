@@ -7,7 +7,7 @@ import numpy as np
 from jaxtyping import Array, Int
 
 from ppo_eqx import EnvOutput
-from ppo_eqx.envs import AsyncEnv, AsyncPool, EnvSpec, Pool
+from ppo_eqx.core.envs import AsyncEnv, AsyncPool, EnvSpec, Pool
 
 
 def counting_env(num_envs: int, lives: int = 1):

@@ -24,10 +24,11 @@ with install_import_hook("ppo_eqx", "beartype.beartype"):  # as pytest's --jaxty
     import jax
     import jax.numpy as jnp
 
-    from ppo_eqx import ActorCritic, Batch, PPOConfig, make_optimizer, update
-    from ppo_eqx.parallel import make_mesh, replicate, shard_batch, sharded_update
+    from ppo_eqx import ActorCritic, AgentHyperparameters, Batch, PPOConfig, make_optimizer, update
+    from ppo_eqx.core.sharded import make_mesh, replicate, shard_batch, sharded_update
 
-COEFS: dict[str, Any] = {"clip_coef": 0.1, "vf_coef": 0.5, "ent_coef": 0.01, "clip_vloss": True}
+CONFIG = PPOConfig(num_minibatches=2, update_epochs=2, clip_vloss=True)
+"""The update's settings: 2 epochs of 2 minibatches, CleanRL's coefficients, the value loss clipped."""
 CASES = {"mlp": ((4,), 2, (4, 16)), "cnn": ((4, 84, 84), 4, (4, 8))}  # obs shape, actions, [T, N]
 
 
@@ -51,23 +52,26 @@ def flat(batch: Batch) -> Batch:
 
 def run(case: str, *, process_envs: slice | None) -> dict[str, Any]:
     obs_shape, num_actions, size = CASES[case]
-    model = ActorCritic(obs_shape, num_actions, key=jax.random.PRNGKey(0))
-    optimizer = make_optimizer(PPOConfig(num_minibatches=2, update_epochs=2))
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    model = ActorCritic(obs_shape, num_actions, conv_impl="matmul", key=jax.random.PRNGKey(0))
+    settings, sizes = AgentHyperparameters.of([CONFIG]), CONFIG.sizes
+    opt_state = make_optimizer(settings, sizes).init(eqx.filter(model, eqx.is_array))
     batch = make_batch(obs_shape, num_actions, size)
-    settings: dict[str, Any] = {"optimizer": optimizer, "num_minibatches": 2, "update_epochs": 2, **COEFS}
     key = jax.random.PRNGKey(1)
 
     local = jax.local_devices()[0]
     on_local = lambda tree: jax.device_put(tree, local)  # noqa: E731
-    reference = eqx.filter_jit(lambda m, o, b, k: update(m, o, b, **settings, key=k))
-    ref_model, _, ref_infos = reference(on_local(model), on_local(opt_state), on_local(flat(batch)), on_local(key))
+    reference = eqx.filter_jit(lambda m, o, b, h, k: update(m, o, b, h, sizes=sizes, key=k))
+    ref_model, _, ref_infos = reference(*map(on_local, (model, opt_state, flat(batch), settings, key)))
 
     mesh = make_mesh()
     own = batch if process_envs is None else jax.tree.map(lambda x: x[:, process_envs], batch)
-    sharded = eqx.filter_jit(lambda m, o, b, k: sharded_update(m, o, b, mesh=mesh, **settings, key=k))
+    sharded = eqx.filter_jit(lambda m, o, b, h, k: sharded_update(m, o, b, h, mesh=mesh, sizes=sizes, key=k))
     got_model, got_opt_state, got_infos = sharded(
-        replicate(model, mesh), replicate(opt_state, mesh), shard_batch(own, mesh), replicate(key, mesh)
+        replicate(model, mesh),
+        replicate(opt_state, mesh),
+        shard_batch(own, mesh),
+        replicate(settings, mesh),
+        replicate(key, mesh),
     )
 
     out: dict[str, Any] = {}

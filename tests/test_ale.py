@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppo_eqx.config import ConfigError
-from ppo_eqx.envs import ale as ale_module
-from ppo_eqx.envs import backend
+from ppo_eqx.core.envs import ale as ale_module
+from ppo_eqx.core.envs import backend
+from ppo_eqx.errors import ConfigError
 from ppo_eqx_bench.atari_games import ATARI_57
 from tests.processes import ROOT, run_processes, worker_env
 
@@ -53,7 +53,7 @@ def test_an_async_pool_or_a_rendering_one_is_refused():
 @pytest.mark.parametrize("missing", ["ale_py", "chex"])
 def test_ale_not_installed_is_a_one_line_config_error(missing, monkeypatch):
     monkeypatch.setitem(sys.modules, missing, None)  # `import missing` now fails as if it were not installed
-    monkeypatch.delitem(sys.modules, "ppo_eqx.envs.ale")
+    monkeypatch.delitem(sys.modules, "ppo_eqx.core.envs.ale")
     with pytest.raises(ConfigError) as error:
         backend("ale")
     assert str(error.value) == (
@@ -165,8 +165,7 @@ def test_a_program_traced_with_one_pool_drives_another_without_recompiling():
 def test_a_trainer_on_ale_compiles_one_iteration_for_every_segment(caplog):
     import logging
 
-    from ppo_eqx import PPOConfig, Trainer
-    from ppo_eqx.train import run
+    from ppo_eqx import PPOConfig, Trainer, run
 
     config = PPOConfig(
         env_id="Pong-v5",
@@ -207,19 +206,18 @@ def test_the_ale_backend_trains_where_envpool_is_not_installed(tmp_path):
 @pytest.mark.subprocess
 @pytest.mark.parametrize(("train_on", "eval_on"), [("ale", "envpool"), ("envpool", "ale")])
 def test_a_model_trained_on_one_backend_plays_on_the_other(train_on, eval_on, tmp_path):
-    from ppo_eqx.checkpoint import config_of, load_checkpoint, read_metadata, resolve_checkpoint
-    from ppo_eqx.evaluate import evaluate
+    from ppo_eqx.host.checkpoint import config_of, load_checkpoint, read_checkpoint
+    from ppo_eqx.host.evaluate import evaluate
 
     run_dir = tmp_path / "run"
     train = [sys.executable, "-m", "ppo_eqx", "train", "--env-id", "Breakout-v5", "--env-backend", train_on]
     train += ["--num-envs", "4", "--num-steps", "32", "--total-timesteps", "256", "--no-progress"]
     run_processes([[*train, "--run-dir", str(run_dir)]])
-    path = resolve_checkpoint(run_dir)
-    metadata = read_metadata(path)
-    config = config_of(path, metadata)
+    checkpoint = read_checkpoint(run_dir)
+    config = config_of(checkpoint)
     assert config.env_backend == train_on
     other = dataclasses.replace(config, env_backend=eval_on)
-    model = load_checkpoint(path, metadata, other, backend(eval_on).spec(other.env_id)).model
+    model = load_checkpoint(checkpoint, other, backend(eval_on).spec(other.env_id), conv_impl="matmul").model
     evaluation = evaluate(model, other, episodes=2, seed=3, key=jax.random.key(0))
     assert len(evaluation.returns) == 2 and all(r >= 0 for r in evaluation.returns)
     assert all(0 < length <= 27_000 for length in evaluation.lengths)

@@ -16,11 +16,11 @@ from pathlib import Path
 import jax
 import pytest
 
-import ppo_eqx.training_run as training_run
-import ppo_eqx.writers as writers
-from ppo_eqx.checkpoint import list_checkpoints, read_arrays, read_metadata
+import ppo_eqx.cli.supervisor as supervisor
+import ppo_eqx.cli.writers as writers
 from ppo_eqx.cli import main
 from ppo_eqx.config import FIELD_CHOICES, FIELD_RANGES, INT32_MAX, PPOConfig
+from ppo_eqx.host.checkpoint import list_checkpoints, read_arrays, read_metadata
 
 pytestmark = pytest.mark.subprocess
 
@@ -64,12 +64,12 @@ def must_not_start(monkeypatch):
     """A case that got past the checks would train, or join a distributed run: fail it at once instead."""
 
     def train(*args, **kwargs):
-        raise AssertionError("bad input reached TrainingRun: it would have trained")
+        raise AssertionError("bad input reached the Supervisor: it would have trained")
 
     def join(*args, **kwargs):
         raise AssertionError("bad input reached jax.distributed.initialize")
 
-    monkeypatch.setattr(training_run, "TrainingRun", train)
+    monkeypatch.setattr(supervisor, "Supervisor", train)
     monkeypatch.setattr(jax.distributed, "initialize", join)
 
 
@@ -271,7 +271,7 @@ def test_bad_train_input_exits_2_and_touches_nothing(argv, finished_run, tmp_pat
 
 
 def test_the_table_covers_every_train_flag():
-    from ppo_eqx.cli import build_parser
+    from ppo_eqx.cli.main import build_parser
 
     train = build_parser()._subparsers._group_actions[0].choices["train"]  # type: ignore[union-attr]
     flags = {option for action in train._actions for option in action.option_strings if option.startswith("--")}
@@ -353,7 +353,7 @@ def test_bad_eval_input_exits_2_and_writes_nothing(argv, finished_run, tmp_path,
     def play(*args, **kwargs):
         raise AssertionError("bad input reached the evaluation")
 
-    monkeypatch.setattr("ppo_eqx.eval_command._play", play)
+    monkeypatch.setattr("ppo_eqx.cli.eval_command._play", play)
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     shutil.copytree(finished_run, tmp_path / "other")

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from ppo_eqx import cpu_kernel
+from ppo_eqx.core import cpu_kernel
 
 from .bench_scripts import load_bench_script
 from .conv_reference import needs_kernel

@@ -1,4 +1,5 @@
 import errno
+import hashlib
 import json
 
 import equinox as eqx
@@ -6,20 +7,20 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import ppo_eqx.rundir as rundir
-from ppo_eqx import PPOConfig
-from ppo_eqx.checkpoint import (
-    Checkpoint,
-    CheckpointError,
+import ppo_eqx.host.rundir as rundir
+from ppo_eqx import ActorCritic, Checkpoint, CheckpointError, PPOConfig
+from ppo_eqx.core import cpu_kernel
+from ppo_eqx.core.envs import env_spec, segment_env_seeds
+from ppo_eqx.host.checkpoint import (
     check_same_run,
     init_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    read_checkpoint,
     read_metadata,
     resolve_checkpoint,
     save_checkpoint,
 )
-from ppo_eqx.envs import env_spec, segment_env_seeds
 
 from .comparisons import leaves_equal
 
@@ -43,7 +44,7 @@ def spec():
 
 @pytest.fixture
 def fresh(spec):
-    return init_checkpoint(CARTPOLE, spec)
+    return init_checkpoint(CARTPOLE, spec, conv_impl="matmul")
 
 
 def test_save_then_load_gives_back_every_array_bit_for_bit(tmp_path, spec, fresh):
@@ -53,7 +54,7 @@ def test_save_then_load_gives_back_every_array_bit_for_bit(tmp_path, spec, fresh
     metadata = read_metadata(path)
     assert (metadata["iteration"], metadata["global_step"], metadata["reason"]) == (4, 4 * 512, "test")
     assert metadata["config"] == CARTPOLE.to_dict()
-    loaded = load_checkpoint(path, metadata, CARTPOLE, spec)
+    loaded = load_checkpoint(read_checkpoint(path), CARTPOLE, spec)
     assert leaves_equal(loaded, saved)
     assert not leaves_equal(loaded, fresh)  # the comparison can fail
     assert int(loaded.iteration) == 4
@@ -87,7 +88,7 @@ def test_a_full_disk_leaves_the_previous_checkpoint_intact(tmp_path, spec, fresh
     assert raised.value.errno == errno.ENOSPC
     # Nothing new is left behind (no temporary file, no half checkpoint), the old one is byte for byte the same.
     assert {p.name: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()} == before
-    loaded = load_checkpoint(previous, read_metadata(previous), CARTPOLE, spec)
+    loaded = load_checkpoint(read_checkpoint(previous), CARTPOLE, spec)
     assert leaves_equal(loaded, at_iteration(fresh, 2, seed=1))
 
 
@@ -131,27 +132,57 @@ def test_damaged_checkpoints_are_refused_with_one_line(tmp_path, spec, fresh, ho
     path = save_checkpoint(tmp_path, at_iteration(fresh, 2), CARTPOLE, spec, keep=3)
     damage(path, how)
     with pytest.raises(CheckpointError, match=message) as raised:
-        load_checkpoint(path, read_metadata(path), CARTPOLE, spec)
+        read_checkpoint(path)
     assert "\n" not in str(raised.value)
 
 
 def test_a_checkpoint_of_another_architecture_or_run_is_refused(tmp_path, spec, fresh):
     acrobot = PPOConfig(env_id="Acrobot-v1", total_timesteps=8 * 512, num_envs=4)
     acrobot_spec = env_spec("Acrobot-v1")
-    path = save_checkpoint(tmp_path, init_checkpoint(acrobot, acrobot_spec), acrobot, acrobot_spec, keep=3)
-    metadata = read_metadata(path)
+    fresh_acrobot = init_checkpoint(acrobot, acrobot_spec, conv_impl="matmul")
+    checkpoint = read_checkpoint(save_checkpoint(tmp_path, fresh_acrobot, acrobot, acrobot_spec, keep=3))
     with pytest.raises(
-        CheckpointError, match=r"belongs to another run: env_id='Acrobot-v1' \(this run: 'CartPole-v1'\)"
+        CheckpointError, match=r"belongs to another run: .*env_id='Acrobot-v1' \(this run: 'CartPole-v1'\)"
     ):
-        check_same_run(path, metadata, CARTPOLE)
+        check_same_run(checkpoint, CARTPOLE)
     with pytest.raises(
         CheckpointError, match=r"is for observations \(6,\) and 3 actions; CartPole-v1 has \(4,\) and 2"
     ):
-        load_checkpoint(path, metadata, CARTPOLE, spec)
+        load_checkpoint(checkpoint, CARTPOLE, spec)
     # Metadata that lies about the shapes still cannot load arrays of the wrong shape into this model.
-    metadata = {**metadata, "obs_shape": [4], "num_actions": 2}
+    lying = checkpoint._replace(metadata={**checkpoint.metadata, "obs_shape": [4], "num_actions": 2})
     with pytest.raises(CheckpointError, match="does not fit this model .CartPole-v1.: .*changed shape"):
-        load_checkpoint(path, metadata, CARTPOLE, spec)
+        load_checkpoint(lying, CARTPOLE, spec)
+
+
+# What a fresh run's checkpoint holds, byte for byte, as 1a886d4 (checkpoint format 1) wrote it: this code reads
+# and writes the same arrays in the same order (a change of the tree needs a new FORMAT_VERSION).
+FORMAT_1_FRESH_SHA256 = {
+    "one agent": "4ecc20dc71d3cd382e1cf4570776ce3dd427747229cea0c074ea95a72ae351e4",
+    "a sweep of 2 x 2 seeds": "1b28eea9f90a2b92922dbbd29d9d4617e882ea46451188350c65c7208244b66c",
+}
+
+
+@pytest.mark.parametrize("case", sorted(FORMAT_1_FRESH_SHA256))
+def test_a_fresh_checkpoint_is_the_bytes_that_format_1_wrote(tmp_path, spec, case):
+    config = CARTPOLE if case == "one agent" else CARTPOLE.replace(num_seeds=2, sweep={"learning_rate": [1e-3, 2.5e-4]})
+    path = save_checkpoint(tmp_path, init_checkpoint(config, spec, conv_impl="matmul"), config, spec, keep=1)
+    assert hashlib.sha256(path.with_suffix(".eqx").read_bytes()).hexdigest() == FORMAT_1_FRESH_SHA256[case]
+
+
+def test_building_a_model_or_loading_a_checkpoint_starts_no_compiler(tmp_path, monkeypatch):
+    atari = PPOConfig(total_timesteps=1024)
+    atari_spec = env_spec(atari.env_id)
+    path = save_checkpoint(tmp_path, init_checkpoint(atari, atari_spec, conv_impl="matmul"), atari, atari_spec, keep=1)
+
+    def compiles(*args: object) -> None:
+        raise AssertionError("the CPU kernel was looked for, built or loaded")
+
+    for name in ("available", "load", "build", "library_path", "find_compiler"):
+        monkeypatch.setattr(cpu_kernel, name, compiles)
+    model = ActorCritic(atari_spec.obs_shape, atari_spec.num_actions, conv_impl="kernel", key=jax.random.PRNGKey(0))
+    loaded = load_checkpoint(read_checkpoint(path), atari, atari_spec, conv_impl="kernel")
+    assert model.conv_impl == loaded.model.conv_impl == "kernel"
 
 
 @pytest.mark.unit

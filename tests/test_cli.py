@@ -1,11 +1,12 @@
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from ppo_eqx import cpu_kernel
 from ppo_eqx.cli import main
+from ppo_eqx.core import cpu_kernel
 
 pytestmark = pytest.mark.subprocess
 
@@ -112,8 +113,32 @@ def test_run_directory_contents(capsys, tmp_path):
     assert all(required <= set(row) for row in rows)
     assert rows[-1]["learning_rate"] == pytest.approx(1e-3)
     assert json.loads((run_dir / "summary.json").read_text())["global_step"] == 1024
-    assert {"cpu_count", "jax_version"} <= set(json.loads((run_dir / "hardware.json").read_text()))
+    hardware = json.loads((run_dir / "hardware.json").read_text())
+    assert {"cpu_count", "jax_version"} <= set(hardware)
+    assert (hardware["conv_impl"], hardware["kernel_isa"]) == ("matmul", None)  # vectors: no convolutions
+    assert "convolutions: matmul" in out
     assert list(run_dir.glob("events.out.tfevents.*"))
+
+
+@pytest.mark.skipif(
+    cpu_kernel.find_compiler() is None or not cpu_kernel.cpu_supports("avx2"), reason="needs a compiler and AVX2"
+)
+def test_auto_takes_the_avx2_kernel_says_so_and_records_it(tmp_path):
+    # The kernel built for AVX2 alone (as on AMD Zen 1-3): "auto" takes it, the first line and hardware.json say so.
+    run_dir = tmp_path / "run"
+    tiny = ["--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1", "--update-epochs", "1"]
+    result = subprocess.run(
+        [sys.executable, "-m", "ppo_eqx", "train", "--env-id", "Breakout-v5", "--total-timesteps", "16", *tiny]
+        + ["--run-dir", str(run_dir), "--no-progress", "--no-tensorboard"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, cpu_kernel.ISA_VARIABLE: "avx2"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "convolutions: kernel (avx2)" in result.stdout.splitlines()[0]
+    hardware = json.loads((run_dir / "hardware.json").read_text())
+    assert (hardware["conv_impl"], hardware["kernel_isa"]) == ("kernel", "avx2")
 
 
 def test_the_console_script_exits_non_zero_without_a_traceback(tmp_path):

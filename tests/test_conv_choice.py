@@ -1,10 +1,13 @@
-"""What ``conv_impl="auto"`` resolves to on each backend, with the backend faked (no GPU needed)."""
+"""What ``conv_impl="auto"`` resolves to on each backend, with the backend faked (no GPU needed), and that a model is
+built with the route it is given."""
 
 import jax
 import pytest
 
-from ppo_eqx import ActorCritic, cpu_kernel
-from ppo_eqx.networks import choose_conv_impl
+from ppo_eqx import ActorCritic
+from ppo_eqx.core import cpu_kernel
+from ppo_eqx.errors import ConfigError
+from ppo_eqx.host.conv_route import resolve_conv_impl
 
 pytestmark = pytest.mark.unit
 
@@ -24,30 +27,58 @@ def test_auto_is_xla_off_the_cpu(monkeypatch, backend):
 
     monkeypatch.setattr(jax, "default_backend", lambda: backend)
     monkeypatch.setattr(cpu_kernel, "available", not_consulted)
-    assert choose_conv_impl("auto", ATARI_SHAPE) == "xla"
-    assert ActorCritic(ATARI_SHAPE, 4, key=jax.random.PRNGKey(0)).conv_impl == "xla"
+    assert resolve_conv_impl("auto", ATARI_SHAPE) == "xla"
 
 
 @pytest.mark.parametrize(("kernel_builds", "expected"), [(True, "kernel"), (False, "matmul")])
 def test_auto_on_the_cpu_is_the_kernel_where_it_builds(monkeypatch, kernel_builds, expected):
     _fake_backend(monkeypatch, "cpu", kernel_builds=kernel_builds)
-    assert choose_conv_impl("auto", ATARI_SHAPE) == expected
+    assert resolve_conv_impl("auto", ATARI_SHAPE) == expected
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_auto_without_convolutions_is_unchanged(monkeypatch, backend):
     _fake_backend(monkeypatch, backend, kernel_builds=True)
-    assert choose_conv_impl("auto", (4,)) == "matmul"
+    assert resolve_conv_impl("auto", (4,)) == "matmul"
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 @pytest.mark.parametrize("conv_impl", ["xla", "matmul"])
 def test_an_explicit_route_is_kept_on_every_backend(monkeypatch, backend, conv_impl):
     _fake_backend(monkeypatch, backend, kernel_builds=True)
-    assert choose_conv_impl(conv_impl, ATARI_SHAPE) == conv_impl
+    assert resolve_conv_impl(conv_impl, ATARI_SHAPE) == conv_impl
 
 
 def test_the_kernel_is_refused_off_the_cpu(monkeypatch):
     _fake_backend(monkeypatch, "gpu", kernel_builds=True)
-    with pytest.raises(ValueError, match="CPU backend only, not 'gpu'"):
-        choose_conv_impl("kernel", ATARI_SHAPE)
+    with pytest.raises(ConfigError, match="CPU backend only, not 'gpu'"):
+        resolve_conv_impl("kernel", ATARI_SHAPE)
+
+
+def test_without_the_kernel_auto_falls_back_and_kernel_is_refused(monkeypatch):
+    def unavailable():
+        raise cpu_kernel.KernelUnavailable("no C++ compiler found")
+
+    _fake_backend(monkeypatch, "cpu", kernel_builds=False)
+    monkeypatch.setattr(cpu_kernel, "load", unavailable)
+    assert resolve_conv_impl("auto", ATARI_SHAPE) == "matmul"
+    with pytest.raises(ConfigError, match="conv_impl='kernel' is unavailable: no C\\+\\+ compiler found"):
+        resolve_conv_impl("kernel", ATARI_SHAPE)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("conv_impl", ["xla", "matmul", "kernel"])
+def test_a_model_takes_the_route_it_is_given_and_never_chooses(monkeypatch, conv_impl):
+    def chosen() -> bool:
+        raise AssertionError("building a model must not look for the kernel")
+
+    monkeypatch.setattr(cpu_kernel, "available", chosen)
+    monkeypatch.setattr(cpu_kernel, "load", chosen)
+    assert ActorCritic(ATARI_SHAPE, 4, conv_impl=conv_impl, key=jax.random.PRNGKey(0)).conv_impl == conv_impl
+    assert ActorCritic(ATARI_SHAPE, 4, key=jax.random.PRNGKey(0)).conv_impl == "xla"  # XLA's own, as CleanRL
+
+
+def test_auto_is_no_route_for_a_model():
+    # Under pytest jaxtyping's check of the Literal refuses it first; a caller outside pytest gets the ValueError.
+    with pytest.raises((ValueError, TypeError), match="auto"):
+        ActorCritic((4,), 2, conv_impl="auto", key=jax.random.PRNGKey(0))  # pyright: ignore[reportArgumentType]

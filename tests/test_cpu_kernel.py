@@ -1,5 +1,5 @@
-"""The hand-written convolutions (``conv_impl="kernel"``) against NumPy, built for AVX-512 and for AVX2, and how
-they are chosen and built."""
+"""The hand-written convolutions (``conv_impl="kernel"``: the first layer's and the other two's) against NumPy,
+built for AVX-512 and for AVX2, and how the kernel is built and chosen."""
 
 import contextlib
 import re
@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppo_eqx import ActorCritic, cpu_kernel
-from ppo_eqx.networks import Conv, choose_conv_impl
+from ppo_eqx.core import cpu_kernel
+from ppo_eqx.core.networks import Conv
+from ppo_eqx.errors import ConfigError
+from ppo_eqx.host.conv_route import resolve_conv_impl
 
 from .conv_reference import ATARI_SHAPE, needs_compiler, needs_kernel, numpy_conv
 
@@ -45,12 +47,18 @@ def built_for(isa):
     """The kernel built for ``isa`` ($PPO_EQX_KERNEL_ISA, its own library) in the block; the one before it after."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(cpu_kernel.ISA_VARIABLE, isa)
-        cpu_kernel.load.cache_clear()
+        _forget_the_kernel()
         try:
             assert cpu_kernel.load().isa == isa  # what the library says its vectors are
             yield
         finally:
-            cpu_kernel.load.cache_clear()
+            _forget_the_kernel()
+
+
+def _forget_the_kernel():
+    """The next ``load()`` and ``available()`` build (or find in the cache) and register the kernel anew."""
+    cpu_kernel.load.cache_clear()
+    cpu_kernel.available.cache_clear()
 
 
 def _case(shape, seed):
@@ -243,25 +251,35 @@ def test_the_kernel_is_the_layer_on_frames():
 
 
 @pytest.mark.subprocess  # the first test to run the kernel compiles it
-@needs_kernel
+@needs_compiler
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the kernel is chosen on the CPU backend only")
-def test_auto_chooses_the_kernel_for_frames_on_cpu():
-    assert choose_conv_impl("auto", ATARI_SHAPE) == "kernel"
-    assert choose_conv_impl("auto", (4,)) == "matmul"  # no convolutions
-    assert choose_conv_impl("xla", ATARI_SHAPE) == "xla"
-    assert ActorCritic(ATARI_SHAPE, 4, key=jax.random.PRNGKey(0)).conv_impl == "kernel"
+@pytest.mark.parametrize("isa", ISAS)
+def test_auto_chooses_the_kernel_for_frames_on_cpu(isa):
+    # AVX2 alone (AMD Zen 1-3, most laptops) is enough: the kernel built for it is the route.
+    with built_for(isa):
+        assert resolve_conv_impl("auto", ATARI_SHAPE) == "kernel"
+        assert cpu_kernel.isa() == isa
+    assert resolve_conv_impl("auto", (4,)) == "matmul"  # no convolutions
+    assert resolve_conv_impl("xla", ATARI_SHAPE) == "xla"
 
 
-@pytest.mark.unit
-def test_without_the_kernel_auto_falls_back_and_kernel_is_refused(monkeypatch):
-    def unavailable():
-        raise cpu_kernel.KernelUnavailable("no C++ compiler found")
-
-    monkeypatch.setattr(cpu_kernel, "available", lambda: False)
-    monkeypatch.setattr(cpu_kernel, "load", unavailable)
-    assert choose_conv_impl("auto", ATARI_SHAPE) == "matmul"
-    with pytest.raises(ValueError, match="conv_impl='kernel' is unavailable: no C\\+\\+ compiler found"):
-        ActorCritic(ATARI_SHAPE, 4, conv_impl="kernel", key=jax.random.PRNGKey(0))
+@pytest.mark.subprocess
+@needs_compiler
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the kernel is chosen on the CPU backend only")
+def test_where_the_kernel_does_not_build_auto_takes_matmuls(tmp_path, monkeypatch):
+    # "native" as on a CPU without AVX2 and FMA (x86-64-v2): the real build is refused, so "auto" falls back.
+    monkeypatch.setitem(cpu_kernel.MARCH, "native", "x86-64-v2")
+    monkeypatch.setenv("PPO_EQX_CACHE", str(tmp_path))
+    monkeypatch.delenv(cpu_kernel.ISA_VARIABLE, raising=False)
+    _forget_the_kernel()
+    try:
+        assert resolve_conv_impl("auto", ATARI_SHAPE) == "matmul"
+        assert cpu_kernel.isa() is None
+        with pytest.raises(ConfigError, match="conv_impl='kernel' is unavailable: .*needs AVX2 and FMA"):
+            resolve_conv_impl("kernel", ATARI_SHAPE)
+    finally:
+        _forget_the_kernel()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.subprocess

@@ -8,10 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ppo_eqx import PPOConfig
-from ppo_eqx.checkpoint import init_checkpoint, save_checkpoint
 from ppo_eqx.cli import main
-from ppo_eqx.envs import env_spec
-from ppo_eqx.evaluate import MAX_ENVS, episode_quotas, evaluate, summarise
+from ppo_eqx.core.envs import env_spec
+from ppo_eqx.host.checkpoint import init_checkpoint, save_checkpoint
+from ppo_eqx.host.evaluate import MAX_ENVS, episode_quotas, evaluate, summarise
 
 pytestmark = pytest.mark.envpool
 
@@ -28,14 +28,14 @@ def untrained_run(run_dir, config: PPOConfig):
     spec = env_spec(config.env_id)
     (run_dir / "config.json").parent.mkdir(parents=True)
     (run_dir / "config.json").write_text(json.dumps(config.to_dict()))
-    save_checkpoint(run_dir, init_checkpoint(config, spec), config, spec, keep=3)
+    save_checkpoint(run_dir, init_checkpoint(config, spec, conv_impl="matmul"), config, spec, keep=3)
     return run_dir
 
 
 def test_cartpole_returns_are_the_number_of_steps():
     """CartPole pays 1 per step, so the score of a game is its length; 20 games on 16 envs: envs 0-3 play 2."""
     config = PPOConfig(env_id="CartPole-v1", num_envs=4)
-    model = init_checkpoint(config, env_spec(config.env_id)).model
+    model = init_checkpoint(config, env_spec(config.env_id), conv_impl="matmul").model
     result = evaluate(model, config, episodes=20, seed=5, key=jax.random.PRNGKey(0))
     assert len(result.returns) == len(result.lengths) == 20
     second_games = {1, 3, 5, 7}  # env-major: env i's games are consecutive

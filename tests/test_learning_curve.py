@@ -11,6 +11,8 @@ import pytest
 
 from ppo_eqx.config import PPOConfig, preset_for
 from ppo_eqx_bench.anchors import load_anchors
+from ppo_eqx_bench.plots import learning_curve_figure
+from ppo_eqx_bench.stats import moving_average
 
 from .bench_scripts import load_bench_script
 
@@ -96,9 +98,9 @@ def no_nan(text: str) -> Any:
     return json.loads(text, parse_constant=refuse)
 
 
-def test_moving_average_matches_a_numpy_reference(lc: ModuleType) -> None:
-    assert np.array_equal(lc.moving_average([1.0, np.nan, 3.0, 5.0], 2), [1.0, 1.0, 3.0, 4.0])
-    assert np.isnan(lc.moving_average([np.nan, np.nan, 2.0], 2)[:2]).all()  # no finite value in the window yet
+def test_moving_average_matches_a_numpy_reference() -> None:
+    assert np.array_equal(moving_average([1.0, np.nan, 3.0, 5.0], 2), [1.0, 1.0, 3.0, 4.0])
+    assert np.isnan(moving_average([np.nan, np.nan, 2.0], 2)[:2]).all()  # no finite value in the window yet
     values = np.random.default_rng(0).normal(5.0, 3.0, 300)
     values[np.random.default_rng(1).random(300) < 0.2] = np.nan
     values[:7] = np.nan
@@ -108,9 +110,9 @@ def test_moving_average_matches_a_numpy_reference(lc: ModuleType) -> None:
             recent = values[max(0, i - window + 1) : i + 1]
             recent = recent[np.isfinite(recent)]
             reference.append(recent.mean() if recent.size else np.nan)
-        np.testing.assert_allclose(lc.moving_average(values, window), reference, rtol=1e-12, equal_nan=True)
+        np.testing.assert_allclose(moving_average(values, window), reference, rtol=1e-12, equal_nan=True)
     with pytest.raises(ValueError, match="window"):
-        lc.moving_average(values, 0)
+        moving_average(values, 0)
 
 
 def test_curves_final_returns_and_null_for_nan(lc: ModuleType, tmp_path: Path) -> None:
@@ -152,7 +154,7 @@ def test_a_game_without_a_random_score_gets_null_and_no_line(lc: ModuleType, tmp
     assert lc.main(["--plot-only", "--run-dir", str(run_dir), "--out", str(out)]) == 0
     data = no_nan((tmp_path / "lc.json").read_text())
     assert (data["random_score"], data["cleanrl_10m_return"], data["finished"]) == (None, None, False)
-    figure = lc.plot(data)
+    figure = learning_curve_figure(data)
     assert not any("random" in str(line.get_label()) for line in figure.axes[0].get_lines())
     assert "under way" in figure.axes[0].get_title()
 

@@ -8,15 +8,20 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from ppo_eqx import ppo_loss
-from ppo_eqx.networks import categorical_logprob_entropy
+from ppo_eqx import AgentHyperparameters, Hyperparameters, ppo_loss
+from ppo_eqx.core.networks import categorical_logprob_entropy
 
 from .strategies import BATCH_SIZES, float_arrays
 
 pytestmark = pytest.mark.unit
 
-loss_fn = jax.jit(ppo_loss, static_argnames=("norm_adv", "clip_vloss"))
+loss_fn = jax.jit(ppo_loss)
 COEFS: dict[str, Any] = {"clip_coef": 0.1, "vf_coef": 0.5, "ent_coef": 0.01}
+
+
+def settings(**values: Any) -> AgentHyperparameters:
+    """One agent's hyperparameters as the loss takes them: CleanRL's, less ``values``."""
+    return AgentHyperparameters.of([Hyperparameters(**values)])
 
 
 def reference_loss(
@@ -79,7 +84,7 @@ def loss_inputs(draw):
 @given(loss_inputs(), st.booleans(), st.booleans(), st.sampled_from([0.1, 0.2]))
 def test_matches_reference(inputs, norm_adv, clip_vloss, clip_coef):
     coefs = {**COEFS, "clip_coef": clip_coef}
-    loss, info = loss_fn(*map(jnp.asarray, inputs), **coefs, norm_adv=norm_adv, clip_vloss=clip_vloss)
+    loss, info = loss_fn(*map(jnp.asarray, inputs), settings(**coefs, norm_adv=norm_adv, clip_vloss=clip_vloss))
     expected = reference_loss(*inputs, **coefs, norm_adv=norm_adv, clip_vloss=clip_vloss)
     got = (loss, info.policy_loss, info.value_loss, info.entropy, info.approx_kl)
     np.testing.assert_allclose(np.array(got, np.float64), np.array(expected[:5]), rtol=2e-4, atol=2e-4)
@@ -92,7 +97,14 @@ def test_matches_reference(inputs, norm_adv, clip_vloss, clip_coef):
 def test_ratio_one_makes_clipped_and_unclipped_equal(inputs, norm_adv):
     _, new_value, entropy, old_logprob, old_value, advantages, returns = map(jnp.asarray, inputs)
     _, info = loss_fn(
-        old_logprob, new_value, entropy, old_logprob, old_value, advantages, returns, **COEFS, norm_adv=norm_adv
+        old_logprob,
+        new_value,
+        entropy,
+        old_logprob,
+        old_value,
+        advantages,
+        returns,
+        settings(**COEFS, norm_adv=norm_adv),
     )
     a = np.asarray(advantages, np.float64)
     if norm_adv:
@@ -108,9 +120,8 @@ def test_value_loss_is_half_the_mean_squared_error_and_clipping_never_lowers_it(
     new_logprob, new_value, entropy, old_logprob, old_value, advantages, returns = map(jnp.asarray, inputs)
 
     def value_loss(values, *, clip_vloss):
-        _, info = loss_fn(
-            new_logprob, values, entropy, old_logprob, old_value, advantages, returns, **COEFS, clip_vloss=clip_vloss
-        )
+        hyperparameters = settings(**COEFS, clip_vloss=clip_vloss)
+        _, info = loss_fn(new_logprob, values, entropy, old_logprob, old_value, advantages, returns, hyperparameters)
         return float(info.value_loss)
 
     errors = np.asarray(new_value, np.float64) - np.asarray(returns, np.float64)
@@ -127,7 +138,11 @@ def test_normalised_advantages_have_mean_zero_and_std_one(inputs):
     assume(float(jnp.std(advantages)) >= 1e-2)
     # At ratio 1, d policy_loss / d new_logprob[i] = -A_norm[i] / B: read the normalised advantages off it.
     grad = jax.grad(
-        lambda lp: ppo_loss(lp, new_value, entropy, old_logprob, old_value, advantages, returns, **COEFS)[1].policy_loss
+        lambda lp: (
+            ppo_loss(lp, new_value, entropy, old_logprob, old_value, advantages, returns, settings(**COEFS))[
+                1
+            ].policy_loss
+        )
     )(old_logprob)
     normalised = -np.asarray(grad, np.float64) * len(advantages)
     assert normalised.mean() == pytest.approx(0.0, abs=1e-4)
@@ -140,7 +155,8 @@ def test_policy_gradient_vanishes_where_the_ratio_is_clipped(inputs):
     clip = COEFS["clip_coef"]
 
     def policy_loss(lp):
-        return ppo_loss(lp, new_value, entropy, old_logprob, old_value, advantages, returns, **COEFS, norm_adv=False)[
+        hyperparameters = settings(**COEFS, norm_adv=False)
+        return ppo_loss(lp, new_value, entropy, old_logprob, old_value, advantages, returns, hyperparameters)[
             1
         ].policy_loss
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppo_eqx import ActorCritic, Batch, model_loss
-from ppo_eqx.networks import Conv, Dense
+from ppo_eqx import ActorCritic, AgentHyperparameters, Batch, Hyperparameters, model_loss
+from ppo_eqx.core.networks import Conv, Dense
 
 from .conv_reference import ATARI_SHAPE, needs_kernel, numpy_conv
 
@@ -58,7 +58,7 @@ def test_faster_convolutions_give_the_same_losses_and_gradients_as_xla(impl):
     reference = ActorCritic(ATARI_SHAPE, 6, conv_impl="xla", key=jax.random.PRNGKey(3))  # same parameters
     batch = _batch(model, ATARI_SHAPE, 6, 32, 0)
     loss = eqx.filter_jit(
-        eqx.filter_value_and_grad(lambda m, b: model_loss(m, b, clip_coef=0.1, vf_coef=0.5, ent_coef=0.01)[0])
+        eqx.filter_value_and_grad(lambda m, b: model_loss(m, b, AgentHyperparameters.of([Hyperparameters()]))[0])
     )
     value, grads = loss(model, batch)
     ref_value, ref_grads = loss(reference, batch)
@@ -114,6 +114,18 @@ def test_dense_is_an_affine_map():
     layer = Dense(3, 2, 1.0, key=jax.random.PRNGKey(0))
     x = jnp.array([[1.0, 2.0, 3.0]])
     np.testing.assert_allclose(layer(x), np.asarray(x) @ np.asarray(layer.weight), rtol=1e-6)
+
+
+@pytest.mark.parametrize("obs_shape", [(4,), ATARI_SHAPE])
+def test_one_observation_is_refused_with_a_clear_message(obs_shape):
+    model = ActorCritic(obs_shape, 2, conv_impl="xla", key=jax.random.PRNGKey(0))
+    one = jnp.zeros(obs_shape, jnp.uint8 if len(obs_shape) == 3 else jnp.float32)
+    with pytest.raises(
+        ValueError, match=r"takes a batch of observations \[B, .*\]; for one observation pass obs\[None\]"
+    ):
+        model(one)
+    logits, value = model(one[None])
+    assert logits.shape == (1, 2) and value.shape == (1,)
 
 
 def test_shape_errors_are_caught_by_jaxtyping():

@@ -1,4 +1,4 @@
-"""ppo_eqx.parallel: the sharded update equals the one-device update, on 2 devices and on 2 processes.
+"""ppo_eqx.host.mesh: the sharded update equals the one-device update, on 2 devices and on 2 processes.
 
 jax fixes its devices (and its peers) when it starts, so the 2-device and 2-process runs happen in
 subprocesses (tests/parallel_worker.py) that write both updates' results to an .npz file.
@@ -16,11 +16,12 @@ import jax
 import numpy as np
 import pytest
 
-from ppo_eqx import ActorCritic, PPOConfig, make_optimizer, update
-from ppo_eqx.config import ConfigError
-from ppo_eqx.parallel import check_mesh_config, make_mesh, replicate, shard_batch, sharded_update
+from ppo_eqx import ActorCritic, AgentHyperparameters, PPOConfig, make_optimizer, update
+from ppo_eqx.core.sharded import make_mesh, replicate, shard_batch, sharded_update
+from ppo_eqx.errors import ConfigError
+from ppo_eqx.host.mesh import check_mesh_config
 
-from .parallel_worker import COEFS, flat, make_batch
+from .parallel_worker import CONFIG, flat, make_batch
 from .processes import ROOT, TIMEOUT_S, free_port, run_processes, worker_env
 
 pytestmark = pytest.mark.unit
@@ -48,19 +49,20 @@ def assert_same_update(results: Any, case: str) -> None:
 @pytest.mark.compile
 def test_one_device_mesh_gives_the_plain_update():
     model = ActorCritic((4,), 2, key=jax.random.PRNGKey(0))
-    optimizer = make_optimizer(PPOConfig(num_minibatches=2, update_epochs=2))
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+    settings, sizes = AgentHyperparameters.of([CONFIG]), CONFIG.sizes
+    opt_state = make_optimizer(settings, sizes).init(eqx.filter(model, eqx.is_array))
     batch = make_batch((4,), 2, (4, 8), seed=5)
-    settings: dict[str, Any] = {"optimizer": optimizer, "num_minibatches": 2, "update_epochs": 2, **COEFS}
     mesh = make_mesh(jax.devices()[:1])
-    want, _, want_infos = eqx.filter_jit(update)(model, opt_state, flat(batch), **settings, key=jax.random.PRNGKey(1))
+    key = jax.random.PRNGKey(1)
+    want, _, want_infos = eqx.filter_jit(update)(model, opt_state, flat(batch), settings, sizes=sizes, key=key)
     got, _, got_infos = eqx.filter_jit(sharded_update)(
         replicate(model, mesh),
         replicate(opt_state, mesh),
         shard_batch(batch, mesh),
+        replicate(settings, mesh),
         mesh=mesh,
-        **settings,
-        key=jax.random.PRNGKey(1),
+        sizes=sizes,
+        key=key,
     )
     leaves = lambda m: jax.tree.leaves(eqx.filter(m, eqx.is_array))  # noqa: E731
     for a, b in zip(leaves(got), leaves(want), strict=True):
@@ -70,18 +72,16 @@ def test_one_device_mesh_gives_the_plain_update():
 
 def test_minibatch_must_split_evenly_over_the_devices():
     model = ActorCritic((4,), 2, key=jax.random.PRNGKey(0))
-    optimizer = make_optimizer(PPOConfig())
+    settings, sizes = AgentHyperparameters.of([CONFIG]), CONFIG.replace(update_epochs=1).sizes
     mesh = make_mesh(jax.devices()[:1] * 3)  # only its shape counts: the check comes before anything runs
     with pytest.raises(ValueError, match="is not a multiple of the 3 devices"):
         sharded_update(
             model,
-            optimizer.init(eqx.filter(model, eqx.is_array)),
+            make_optimizer(settings, sizes).init(eqx.filter(model, eqx.is_array)),
             make_batch((4,), 2, (2, 10)),
+            settings,
             mesh=mesh,
-            optimizer=optimizer,
-            num_minibatches=2,
-            update_epochs=1,
-            **COEFS,
+            sizes=sizes,
             key=jax.random.PRNGKey(1),
         )
 

@@ -6,9 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ppo_eqx import ActorCritic, RolloutCarry, init_episode_stats, make_async_pool, rollout
-from ppo_eqx.networks import MLP
-from ppo_eqx.rollout import async_rollout, init_async_carry, prime_async, sample_actions
+from ppo_eqx import ActorCritic, make_async_pool
+from ppo_eqx.core.networks import MLP
+from ppo_eqx.core.rollout import (
+    RolloutCarry,
+    async_rollout,
+    init_async_carry,
+    init_episode_stats,
+    prime_async,
+    rollout,
+    sample_actions,
+)
 
 from .fake_env import counting_async_env, counting_env
 

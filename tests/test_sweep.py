@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 from hypothesis import given
 
-from ppo_eqx import ConfigError, PPOConfig
-from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
+from ppo_eqx import AgentHyperparameters, ConfigError, PPOConfig
 from ppo_eqx.cli import main
-from ppo_eqx.config import SWEEPABLE
-from ppo_eqx.envs import env_spec
-from ppo_eqx.evaluate import EVAL_STREAM, evaluate
-from ppo_eqx.loss import ppo_loss
-from ppo_eqx.train import Trainer, pool_env_seeds, run, run_seeds
-from ppo_eqx.update import learning_rate_schedule
+from ppo_eqx.config import FIELD_TYPES, SWEEPABLE
+from ppo_eqx.core.envs import env_spec
+from ppo_eqx.core.loss import ppo_loss
+from ppo_eqx.core.update import learning_rate_schedule
+from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_checkpoint
+from ppo_eqx.host.evaluate import EVAL_STREAM, evaluate
+from ppo_eqx.host.loop import run, run_seeds
+from ppo_eqx.host.trainer import Trainer, pool_env_seeds
 from ppo_eqx_bench.runs import find_run_dirs
 
 from .comparisons import ATOL, PARAM_ATOL, RTOL, VOLATILE, final_checkpoint_bytes, metrics, resume_a_copy
@@ -29,7 +30,7 @@ from .comparisons import ATOL, PARAM_ATOL, RTOL, VOLATILE, final_checkpoint_byte
 pytestmark = pytest.mark.unit
 
 QUIET = ["--no-progress", "--no-tensorboard"]
-BOOLS = {"anneal_lr", "norm_adv", "clip_vloss"}
+BOOLS = {name for name in SWEEPABLE if FIELD_TYPES[name] is bool}
 
 
 # --- the grid ---------------------------------------------------------------------------------------------------
@@ -45,15 +46,21 @@ VALUES = {
 }
 
 
+def values_of(name: str) -> list[float]:
+    """Values to sweep ``name`` over: ``VALUES``'s, or for a field they do not name its default and another."""
+    default = getattr(PPOConfig(), name)
+    return VALUES.get(name, [default, default / 2 if default else 1.0])
+
+
 @st.composite
 def sweeps(draw):
     names = draw(st.lists(st.sampled_from(SWEEPABLE), min_size=1, max_size=3, unique=True))
     sweep = {}
     for name in names:
-        pool = [True, False] if name in BOOLS else VALUES[name]
+        pool = [True, False] if name in BOOLS else values_of(name)
         sweep[name] = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=len(pool), unique=True))
     if math.prod(len(values) for values in sweep.values()) == 1:
-        sweep[names[0]] = [True, False] if names[0] in BOOLS else VALUES[names[0]][:2]
+        sweep[names[0]] = [True, False] if names[0] in BOOLS else values_of(names[0])[:2]
     return sweep
 
 
@@ -132,28 +139,35 @@ def test_a_sweep_counts_its_agents_in_the_limits():
         PPOConfig(num_envs=8, async_batch_size=4, sweep={"gamma": [0.9, 0.99]}).validate()
 
 
-# --- swept flags as arrays compute what Python's flags compute ---------------------------------------------------
+# --- swept hyperparameters are array leaves that a vmap maps ------------------------------------------------------
 
 
-@given(st.integers(0, 2**31 - 1), st.booleans(), st.booleans())
-def test_the_loss_with_array_flags_equals_the_loss_with_python_flags(seed, norm_adv, clip_vloss):
+@given(st.integers(0, 2**31 - 1))
+def test_the_loss_vmapped_over_agents_is_each_agents_own_loss(seed):
     rng = np.random.default_rng(seed)
-    arrays = [jnp.asarray(rng.normal(size=16), jnp.float32) for _ in range(7)]
-    arrays[2] = jnp.abs(arrays[2])  # entropy
-    settings = {"clip_coef": 0.2, "vf_coef": 0.5, "ent_coef": 0.01}
-    want = ppo_loss(*arrays, **settings, norm_adv=norm_adv, clip_vloss=clip_vloss)
-    got = ppo_loss(*arrays, **settings, norm_adv=jnp.asarray(norm_adv), clip_vloss=jnp.asarray(clip_vloss))
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_array_equal(a, b)
+    new_logprob, new_value, entropy, old_logprob, old_value, advantages, returns = (
+        jnp.asarray(rng.normal(size=16), jnp.float32) for _ in range(7)
+    )
+    arrays = (new_logprob, new_value, jnp.abs(entropy), old_logprob, old_value, advantages, returns)
+    config = PPOConfig(sweep={"norm_adv": [False, True], "clip_vloss": [False, True], "clip_coef": [0.1, 0.3]})
+    agents = config.agent_configs()
+    stacked = AgentHyperparameters.of(agents)
+    assert stacked.axes().gamma is None and stacked.axes().clip_coef == 0  # shared: unmapped; swept: [A]
+    got = jax.vmap(lambda h: ppo_loss(*arrays, hyperparameters=h), in_axes=(stacked.axes(),))(stacked)
+    for k, agent in enumerate(agents):
+        want = ppo_loss(*arrays, hyperparameters=AgentHyperparameters.of([agent]))
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(a[k], b)
 
 
-@pytest.mark.parametrize("anneal_lr", [True, False])
-def test_the_schedule_with_array_settings_equals_the_schedule_with_python_ones(anneal_lr):
-    config = PPOConfig(total_timesteps=10_240, learning_rate=3e-4, anneal_lr=anneal_lr)
-    want = learning_rate_schedule(config)
-    got = learning_rate_schedule(config.replace(learning_rate=jnp.float32(3e-4), anneal_lr=jnp.asarray(anneal_lr)))
+def test_the_schedule_vmapped_over_agents_is_each_agents_own():
+    config = PPOConfig(total_timesteps=10_240, sweep={"learning_rate": [3e-4, 1e-3], "anneal_lr": [True, False]})
+    stacked = AgentHyperparameters.of(config.agent_configs())
     for count in (0, 15, 16, 100, 159):
-        np.testing.assert_allclose(got(count), want(count), rtol=1e-7)
+        got = jax.vmap(lambda h: learning_rate_schedule(h, config.sizes)(count), in_axes=(stacked.axes(),))(stacked)
+        for k, agent in enumerate(config.agent_configs()):
+            want = learning_rate_schedule(AgentHyperparameters.of([agent]), config.sizes)(count)
+            np.testing.assert_array_equal(np.asarray(got)[k], want)
 
 
 # --- agent k is its single run ----------------------------------------------------------------------------------
@@ -175,16 +189,12 @@ EVERY_FIELD = {
 
 
 def records_and_params(config: PPOConfig, iterations: int):
-    trainer = Trainer(config)
-    try:
+    with Trainer(config) as trainer:
         if config.num_agents == 1:
             records = [[record] for record in run(trainer, num_iterations=iterations)]
         else:
             records = list(run_seeds(trainer, num_iterations=iterations))
-        params = eqx.filter(trainer.checkpoint().model, eqx.is_array)
-        return records, params
-    finally:
-        trainer.close()
+        return records, eqx.filter(trainer.checkpoint().model, eqx.is_array)
 
 
 def assert_agents_equal_single_runs(config: PPOConfig, iterations: int, agents: list[int]) -> None:
@@ -263,7 +273,7 @@ def test_a_sweep_writes_one_run_per_agent_resumes_exactly_and_evaluates_one_agen
     assert result["agent"] == "learning-rate=0.0003,norm-adv=false/seed2" and len(result["returns"]) == 2
     # The returns are those of that agent's own model and config.
     path = list_checkpoints(whole)[-1]
-    stacked = load_checkpoint(path, read_metadata(path), config, env_spec("CartPole-v1")).model
+    stacked = load_checkpoint(read_checkpoint(path), config, env_spec("CartPole-v1")).model
     one = jax.tree.map(lambda x: x[5] if eqx.is_array(x) else x, stacked)
     key = jax.random.fold_in(jax.random.PRNGKey(1), EVAL_STREAM)
     want = evaluate(one, config.agent_configs()[5], episodes=2, greedy=True, seed=1, key=key)

@@ -6,11 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-from ppo_eqx import PPOConfig, Trainer, async_collector, make_iteration, make_optimizer, sync_collector
-from ppo_eqx.rollout import init_episode_stats
-from ppo_eqx.train import TrainState, make_prime, run
+from ppo_eqx import PPOConfig, Trainer, async_collector, init_state, make_iteration, make_prime, run, sync_collector
 
-from .fake_env import counting_async_pool, counting_pool
+from .fake_env import SPEC, counting_async_pool, counting_pool
 
 pytestmark = pytest.mark.unit
 
@@ -22,19 +20,9 @@ def test_the_iteration_is_pure_and_runs_on_a_fake_env():
     config = PPOConfig(
         env_id="fake", total_timesteps=5 * 64, num_envs=2, num_steps=32, num_minibatches=2, update_epochs=2
     )
-    collector = sync_collector(counting_pool(config.num_envs), num_steps=32, gamma=0.99, gae_lambda=0.95)
-    optimizer = make_optimizer(config)
-    from ppo_eqx import ActorCritic
-
-    model = ActorCritic((4,), 3, key=jax.random.PRNGKey(0))
-    state = TrainState(
-        model,
-        optimizer.init(eqx.filter(model, eqx.is_array)),
-        collector.carry(init_episode_stats(2)),
-        jax.random.PRNGKey(1),
-        jax.numpy.int32(0),
-    )
-    iteration = eqx.filter_jit(make_iteration(config, collector, optimizer))
+    collector = sync_collector(counting_pool(config.num_envs), num_steps=32)
+    state = init_state(config, SPEC, collector, conv_impl="matmul")
+    iteration = eqx.filter_jit(make_iteration(collector, config.sizes))
     first, metrics = iteration(state)
     again, metrics_again = iteration(state)  # same input, same output: nothing hidden is consumed
     assert jax.tree.all(
@@ -90,17 +78,9 @@ def test_the_async_iteration_is_pure_and_runs_on_a_fake_pool():
         update_epochs=2,
     )
     pool = counting_async_pool(config.num_envs, config.async_batch_size)
-    collector = async_collector(pool, num_steps=32, gamma=0.99, gae_lambda=0.95)
-    optimizer = make_optimizer(config)
-    from ppo_eqx import ActorCritic
-
-    model = ActorCritic((4,), 3, key=jax.random.PRNGKey(0))
-    carry = collector.carry(init_episode_stats(4))
-    state = TrainState(
-        model, optimizer.init(eqx.filter(model, eqx.is_array)), carry, jax.random.PRNGKey(1), jax.numpy.int32(0)
-    )
-    state = eqx.filter_jit(make_prime(config, collector))(state)
-    iteration = eqx.filter_jit(make_iteration(config, collector, optimizer))
+    collector = async_collector(pool, num_steps=32)
+    state = eqx.filter_jit(make_prime(collector, config.sizes))(init_state(config, SPEC, collector, conv_impl="matmul"))
+    iteration = eqx.filter_jit(make_iteration(collector, config.sizes))
     first, metrics = iteration(state)
     again, metrics_again = iteration(state)
     assert jax.tree.all(
@@ -118,11 +98,8 @@ def test_the_async_iteration_is_pure_and_runs_on_a_fake_pool():
 @pytest.mark.envpool
 def test_an_async_trainer_primes_each_segment_of_cartpole_envs():
     config = CARTPOLE.replace(num_envs=4, async_batch_size=2, total_timesteps=6 * 256, checkpoint_every=2)
-    trainer = Trainer(config)
-    try:
+    with Trainer(config) as trainer:
         records = list(run(trainer))
-    finally:
-        trainer.close()
     assert [r["global_step"] for r in records] == [256 * i for i in range(1, 7)]
     for record in records:
         for key in ("loss", "policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):
@@ -150,7 +127,7 @@ class _SleepingTrainer(Trainer):
 
 
 def test_each_record_times_its_own_iteration_when_the_dispatch_runs_it():
-    from ppo_eqx.train import run_seeds
+    from ppo_eqx.host.loop import run_seeds
 
     trainer = _SleepingTrainer(seconds=0.05, iterations=5)
     records = [records[0] for records in run_seeds(trainer)]

@@ -7,12 +7,16 @@ import numpy as np
 import optax
 import pytest
 
-from ppo_eqx import ActorCritic, Batch, PPOConfig, make_optimizer, model_loss, update
-from ppo_eqx.update import current_learning_rate, learning_rate_schedule, minibatch_indices
+from ppo_eqx import ActorCritic, AgentHyperparameters, Batch, PPOConfig, make_optimizer, model_loss, update
+from ppo_eqx.core.update import current_learning_rate, learning_rate_schedule, minibatch_indices
 
 pytestmark = pytest.mark.unit
 
 COEFS: dict[str, Any] = {"clip_coef": 0.1, "vf_coef": 0.5, "ent_coef": 0.01}
+
+
+def hyperparameters(config: PPOConfig) -> AgentHyperparameters:
+    return AgentHyperparameters.of([config])
 
 
 def make_batch(size: int, seed: int = 0) -> Batch:
@@ -38,10 +42,10 @@ def test_each_epoch_is_a_permutation_split_into_minibatches():
 
 def test_learning_rate_anneals_linearly_per_iteration():
     config = PPOConfig(total_timesteps=4096, num_envs=8, num_steps=128)  # 4 iterations of 16 steps
-    schedule = learning_rate_schedule(config)
+    schedule = learning_rate_schedule(hyperparameters(config), config.sizes)
     for count, frac in [(0, 1.0), (15, 1.0), (16, 0.75), (47, 0.5), (48, 0.25)]:
         assert float(jnp.asarray(schedule(count))) == pytest.approx(2.5e-4 * frac)
-    constant = learning_rate_schedule(config.replace(anneal_lr=False))
+    constant = learning_rate_schedule(hyperparameters(config.replace(anneal_lr=False)), config.sizes)
     assert float(jnp.asarray(constant(40))) == pytest.approx(2.5e-4)
 
 
@@ -59,25 +63,16 @@ def test_one_full_batch_step_equals_a_hand_written_adam_step():
     )
     model = ActorCritic((4,), 2, key=jax.random.PRNGKey(0))
     batch = make_batch(64)
-    optimizer = make_optimizer(config)
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
-    new_model, _, infos = update(
-        model,
-        opt_state,
-        batch,
-        optimizer=optimizer,
-        num_minibatches=1,
-        update_epochs=1,
-        **COEFS,
-        key=jax.random.PRNGKey(1),
-    )
+    settings = hyperparameters(config.replace(**COEFS))
+    opt_state = make_optimizer(settings, config.sizes).init(eqx.filter(model, eqx.is_array))
+    new_model, _, infos = update(model, opt_state, batch, settings, sizes=config.sizes, key=jax.random.PRNGKey(1))
     # Reference: the loss on the whole (unshuffled) batch, Adam's first step is lr * g / (|g| + eps).
-    grads = eqx.filter_grad(lambda m: model_loss(m, batch, **COEFS)[0])(model)
+    grads = eqx.filter_grad(lambda m: model_loss(m, batch, settings)[0])(model)
     expected = jax.tree.map(lambda p, g: p - 2.5e-4 * g / (jnp.abs(g) + 1e-5), eqx.filter(model, eqx.is_array), grads)
     for got, want in zip(jax.tree.leaves(eqx.filter(new_model, eqx.is_array)), jax.tree.leaves(expected), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
     assert infos.loss.shape == (1,)
-    assert float(infos.loss[0]) == pytest.approx(float(model_loss(model, batch, **COEFS)[0]), rel=1e-4, abs=1e-6)
+    assert float(infos.loss[0]) == pytest.approx(float(model_loss(model, batch, settings)[0]), rel=1e-4, abs=1e-6)
 
 
 def numpy_clipped_adam(params, grads_per_step, *, max_grad_norm, learning_rate, eps=1e-5, b1=0.9, b2=0.999):
@@ -108,7 +103,7 @@ def test_the_optimizer_clips_the_global_norm_at_max_grad_norm_before_adam():
         grads = {name: rng.normal(size=p.shape) for name, p in params.items()}
         total = np.sqrt(sum(np.sum(g**2) for g in grads.values()))
         grads_per_step.append({name: jnp.asarray(g * norm / total, jnp.float32) for name, g in grads.items()})
-    optimizer = make_optimizer(config)
+    optimizer = make_optimizer(hyperparameters(config), config.sizes)
     state = optimizer.init(params)
     got = params
     for grads in grads_per_step:
@@ -128,23 +123,15 @@ def test_a_partly_unrolled_scan_gives_the_same_update():
     config = PPOConfig(num_minibatches=2, update_epochs=3)
     model = ActorCritic((4,), 2, key=jax.random.PRNGKey(0))
     batch = make_batch(32, seed=3)
-    optimizer = make_optimizer(config)
-    opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
-    run = eqx.filter_jit(
-        lambda m, o, u: update(
-            m,
-            o,
-            batch,
-            optimizer=optimizer,
-            num_minibatches=2,
-            update_epochs=3,
-            **COEFS,
-            unroll=u,
-            key=jax.random.PRNGKey(2),
-        )
-    )
-    plain, _, plain_info = run(model, opt_state, 1)
-    unrolled, _, unrolled_info = run(model, opt_state, 4)
+    settings = hyperparameters(config)
+    opt_state = make_optimizer(settings, config.sizes).init(eqx.filter(model, eqx.is_array))
+
+    def run(unroll):
+        sizes = config.replace(minibatch_unroll=unroll).sizes
+        return eqx.filter_jit(update)(model, opt_state, batch, settings, sizes=sizes, key=jax.random.PRNGKey(2))
+
+    plain, _, plain_info = run(1)
+    unrolled, _, unrolled_info = run(4)
     for a, b in zip(
         jax.tree.leaves(eqx.filter(plain, eqx.is_array)),
         jax.tree.leaves(eqx.filter(unrolled, eqx.is_array)),

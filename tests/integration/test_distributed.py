@@ -16,9 +16,9 @@ import jax
 import numpy as np
 import pytest
 
-from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.config import PPOConfig
-from ppo_eqx.envs import env_spec
+from ppo_eqx.core.envs import env_spec
+from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_checkpoint
 
 from ..processes import free_port, run_processes, worker_env
 
@@ -58,7 +58,7 @@ def metrics(run_dir: Path) -> list[dict]:
 def final_params(run_dir: Path) -> list[np.ndarray]:
     path = list_checkpoints(run_dir)[-1]
     config = PPOConfig.from_dict(json.loads((run_dir / "config.json").read_text()))
-    checkpoint = load_checkpoint(path, read_metadata(path), config, env_spec(config.env_id))
+    checkpoint = load_checkpoint(read_checkpoint(path), config, env_spec(config.env_id))
     return [np.asarray(x) for x in jax.tree.leaves(eqx.filter(checkpoint.model, eqx.is_array))]
 
 

@@ -10,17 +10,17 @@ import time
 
 import pytest
 
-from ppo_eqx.checkpoint import list_checkpoints, load_checkpoint, read_metadata
 from ppo_eqx.cli import main
 from ppo_eqx.config import PPOConfig
-from ppo_eqx.envs import env_spec
-from ppo_eqx.networks import Dense
+from ppo_eqx.core.envs import env_spec
+from ppo_eqx.core.networks import Dense
+from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_checkpoint, read_metadata
 
 from ..comparisons import final_checkpoint_bytes, metrics
 
 pytestmark = pytest.mark.subprocess
 
-checkpoint_module = importlib.import_module("ppo_eqx.checkpoint")
+supervisor_module = importlib.import_module("ppo_eqx.cli.supervisor")  # saves the checkpoints of ppo-eqx train
 QUIET = ["--no-progress", "--no-tensorboard"]
 
 
@@ -31,7 +31,7 @@ def test_breakout_stopped_at_a_checkpoint_and_resumed_equals_the_uninterrupted_r
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     assert main(["train", *flags, "--run-dir", str(whole)]) == 0
 
-    real_save = checkpoint_module.save_checkpoint
+    real_save = supervisor_module.save_checkpoint
 
     def save_then_sigint_at_iteration_4(run_dir, checkpoint, *args, **kwargs):
         path = real_save(run_dir, checkpoint, *args, **kwargs)
@@ -39,7 +39,7 @@ def test_breakout_stopped_at_a_checkpoint_and_resumed_equals_the_uninterrupted_r
             os.kill(os.getpid(), signal.SIGINT)
         return path
 
-    monkeypatch.setattr(checkpoint_module, "save_checkpoint", save_then_sigint_at_iteration_4)
+    monkeypatch.setattr(supervisor_module, "save_checkpoint", save_then_sigint_at_iteration_4)
     assert main(["train", *flags, "--run-dir", str(stopped)]) == 130
     monkeypatch.undo()
     assert [p.name for p in list_checkpoints(stopped)] == ["iter_000002.json", "iter_000004.json"]
@@ -54,8 +54,8 @@ def test_breakout_stopped_at_a_checkpoint_and_resumed_equals_the_uninterrupted_r
     config = PPOConfig.from_dict(json.loads((whole / "config.json").read_text()))
     spec = env_spec(config.env_id)
     first, last = (list_checkpoints(whole)[i] for i in (0, -1))
-    first_model = load_checkpoint(first, read_metadata(first), config, spec).model
-    last_model = load_checkpoint(last, read_metadata(last), config, spec).model
+    first_model = load_checkpoint(read_checkpoint(first), config, spec).model
+    last_model = load_checkpoint(read_checkpoint(last), config, spec).model
     assert isinstance(first_model.actor, Dense) and isinstance(last_model.actor, Dense)
     assert (first_model.actor.weight != last_model.actor.weight).any()
 
@@ -84,7 +84,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_pa
     newest = read_metadata(checkpoints[-1])
     assert newest["iteration"] in (5, 10) and not (killed / "summary.json").exists()
     config = PPOConfig.from_dict(newest["config"])
-    load_checkpoint(checkpoints[-1], newest, config, env_spec(config.env_id))  # whole and loadable
+    load_checkpoint(read_checkpoint(checkpoints[-1]), config, env_spec(config.env_id))  # whole and loadable
 
     assert main(["train", "--resume", str(killed), *QUIET]) == 0
     assert main(["train", *flags, "--run-dir", str(whole)]) == 0

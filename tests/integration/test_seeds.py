@@ -5,8 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from ppo_eqx import PPOConfig, Trainer
-from ppo_eqx.train import run, run_seeds
+from ppo_eqx import PPOConfig, Trainer, run, run_seeds
 
 from ..comparisons import ATOL, PARAM_ATOL, RTOL
 

@@ -1,0 +1,65 @@
+"""Checks of ``ppo-eqx`` input that need more than the parser: each runs before anything is written and fails
+with a one-line ``UsageError``."""
+
+import argparse
+import importlib
+
+from ..config import PPOConfig
+from ..core.envs import backend
+from ..core.networks import ConvRoute
+from ..errors import UsageError
+from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl
+
+
+def check_addresses(args: argparse.Namespace) -> None:
+    """The multi-host flags: all three or none, a HOST:PORT address, a process id below the count."""
+    explicit = {
+        "--coordinator-address": args.coordinator_address,
+        "--num-processes": args.num_processes,
+        "--process-id": args.process_id,
+    }
+    given = [name for name, value in explicit.items() if value is not None]
+    if given and len(given) < len(explicit):
+        missing = ", ".join(name for name in explicit if name not in given)
+        raise UsageError(f"{', '.join(given)} needs {missing} too (or --distributed alone, under Slurm)")
+    if not given:
+        return
+    host, _, port = str(args.coordinator_address).rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UsageError(
+            f"--coordinator-address {args.coordinator_address[:60]!r} is not HOST:PORT; allowed: a host name "
+            "or address, a colon and a port 1 .. 65535"
+        )
+    if not args.process_id < args.num_processes:
+        raise UsageError(f"--process-id {args.process_id} must be in 0 .. {args.num_processes - 1}")
+
+
+def check_wandb_names(args: argparse.Namespace) -> None:
+    """W&B's project and entity names, checked before anything is written (W&B itself checks them only later)."""
+    for name, value in (("--wandb-project-name", args.wandb_project_name), ("--wandb-entity", args.wandb_entity)):
+        if value is None and name == "--wandb-entity":
+            continue
+        if not value or len(value) > 128 or any(c in value for c in "/\\#?%:"):
+            raise UsageError(
+                f"{name} {str(value)[:60]!r} is not a W&B name; allowed: 1 to 128 characters, none of /\\#?%:"
+            )
+
+
+def require(module: str, message: str) -> None:
+    """Import ``module`` now, or fail with ``message``: optional dependencies are checked before a run starts."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise UsageError(message) from None
+
+
+def conv_route(config: PPOConfig) -> ConvRoute:
+    """The route this machine's convolutions take for ``config.conv_impl``, resolved once, here, after the devices
+    are joined (``resolve_conv_impl``): ``--conv-impl kernel`` where the kernel cannot run is refused before
+    anything is written."""
+    if config.conv_impl == "kernel":
+        reason = kernel_unavailable_reason()
+        if reason is not None:
+            raise UsageError(f"--conv-impl kernel: {reason}; use --conv-impl auto or matmul")
+    obs_shape = backend(config.env_backend).spec(config.env_id).obs_shape
+    return resolve_conv_impl(config.conv_impl, obs_shape)  # type: ignore[arg-type]  # validated by PPOConfig

@@ -1,0 +1,143 @@
+"""What ``ppo-eqx eval`` does: check the checkpoint and both output paths, then play, then write the results."""
+
+import argparse
+from pathlib import Path
+
+import equinox as eqx
+import jax
+
+from ..config import PPOConfig
+from ..core.envs import EnvSpec, backend
+from ..core.networks import ActorCritic, ConvRoute
+from ..errors import RunError, UsageError
+from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint, resolve_checkpoint
+from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl
+from ..host.evaluate import EVAL_STREAM, VIDEO_FORMATS, Evaluation, VideoWriter, evaluate, summarise
+from ..host.rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, write_json
+from .checks import require
+
+
+def eval_command(args: argparse.Namespace) -> int:
+    """Check the checkpoint and both output paths, then play, then write ``eval.json`` (or ``--output``)."""
+    agent = _agent_of(args.path)
+    path = resolve_checkpoint(args.path if agent is None else agent[0])
+    run_dir = path.parent.parent if agent is None else args.path
+    output = args.output or run_dir / EVAL
+    check_output("--output", output, run_dir)
+    if args.video is not None:
+        _check_video(args.video, run_dir, output)
+    checkpoint = read_checkpoint(path)
+    metadata = checkpoint.metadata
+    model, config, spec = _load_agent(checkpoint, args.env_backend, None if agent is None else agent[1])
+    print(
+        f"ppo-eqx: evaluating {path} ({config.env_id}, iteration {metadata['iteration']}) on {args.episodes} "
+        f"episodes, {'greedy' if args.greedy else 'sampled'} actions",
+        flush=True,
+    )
+    evaluation = _play(args, model, config, fps=15 if spec.is_atari else 50)
+    summary = summarise(evaluation)
+    result = {
+        "checkpoint": str(path),
+        "agent": None if agent is None else agent[1],
+        "env_id": config.env_id,
+        "iteration": metadata["iteration"],
+        "global_step": metadata.get("global_step"),
+        "episodes": args.episodes,
+        "greedy": args.greedy,
+        "seed": args.seed,
+        **summary,
+        "returns": evaluation.returns,
+        "lengths": evaluation.lengths,
+        "video": None if args.video is None else str(args.video),
+    }
+    try:
+        write_json(output, result)
+    except OSError as error:
+        raise RunError(f"could not write {output}: {error.strerror or error}") from None
+    print(
+        f"ppo-eqx: return {summary['mean_return']:.2f} +- {summary['std_return']:.2f} "
+        f"(min {summary['min_return']:.2f}, max {summary['max_return']:.2f}) over {args.episodes} episodes; "
+        f"written to {output}",
+        flush=True,
+    )
+    return 0
+
+
+def _load_agent(
+    checkpoint: CheckpointFile, env_backend: str | None, agent: str | None
+) -> tuple[ActorCritic, PPOConfig, EnvSpec]:
+    """The model, config and env spec of the agent to play: the checkpoint's one agent, or of a run of several
+    (``--num-seeds``, ``--sweep``) the agent named ``agent``; on ``env_backend`` if given, with this machine's
+    route for the convolutions."""
+    path, config = checkpoint.path, config_of(checkpoint)
+    if env_backend is not None:
+        config = config.replace(env_backend=env_backend)
+    names = config.agent_names()
+    if config.num_agents > 1 and agent not in names:
+        raise UsageError(
+            f"{path} holds the {config.num_agents} agents of a --num-seeds or --sweep run; eval takes one agent's "
+            f"directory ({path.parent.parent / names[0]}, ...)"
+        )
+    spec = backend(config.env_backend).spec(config.env_id)
+    model = load_checkpoint(checkpoint, config, spec, conv_impl=_route(config, spec)).model
+    if config.num_agents > 1:
+        index = names.index(agent)  # pyright: ignore[reportArgumentType]  # in names, so not None
+        model, config = _agent_model(model, index), config.agent_configs()[index]
+    return model, config, spec
+
+
+def _route(config: PPOConfig, spec: EnvSpec) -> ConvRoute:
+    """The route eval's model takes: the one training asked for where it runs here, else "auto"'s (every route
+    gives the same numbers within float32 rounding)."""
+    kernel_runs = config.conv_impl != "kernel" or kernel_unavailable_reason() is None
+    return resolve_conv_impl(config.conv_impl if kernel_runs else "auto", spec.obs_shape)  # type: ignore[arg-type]
+
+
+def _agent_of(path: Path) -> tuple[Path, str] | None:
+    """The run of several agents (``--num-seeds``, ``--sweep``) whose agent's directory ``path`` is, and the
+    agent's name in it (``seed2``, ``learning-rate=0.001/seed1``); None when ``path`` is not such a directory."""
+    if not path.is_dir() or (path / CHECKPOINT_DIR).is_dir():
+        return None
+    for parent in path.absolute().parents[:2]:
+        if (parent / SEEDS_CONFIG).is_file():
+            return parent, path.absolute().relative_to(parent).as_posix()
+    return None
+
+
+def _agent_model(model: ActorCritic, index: int) -> ActorCritic:
+    """Agent ``index``'s model out of the agents' stacked one."""
+    return jax.tree.map(lambda x: x[index] if eqx.is_array(x) else x, model)
+
+
+def _check_video(video: Path, run_dir: Path, output: Path) -> None:
+    suffix = video.suffix.lower()
+    if suffix not in VIDEO_FORMATS:
+        raise UsageError(f"--video {video}: the name must end in {' or '.join(VIDEO_FORMATS)}")
+    check_output("--video", video, run_dir)
+    if video.resolve() == output.resolve():
+        raise UsageError(f"--video {video} is also the --output; allowed: two different files")
+    module, package = VIDEO_FORMATS[suffix]
+    require(module, f"--video {video} needs {package}")
+
+
+def _play(args: argparse.Namespace, model: ActorCritic, config: PPOConfig, *, fps: int) -> Evaluation:
+    key = jax.random.fold_in(jax.random.PRNGKey(args.seed), EVAL_STREAM)
+    writer = None
+    if args.video is not None:
+        try:
+            writer = VideoWriter(args.video, fps)
+        except OSError as error:
+            raise UsageError(f"--video {args.video}: {error.strerror or error}") from None
+    try:
+        return evaluate(
+            model,
+            config,
+            episodes=args.episodes,
+            greedy=args.greedy,
+            on_frame=None if writer is None else writer.append,
+            seed=args.seed,
+            key=key,
+        )
+    finally:
+        if writer is not None:
+            writer.close()

@@ -1,0 +1,234 @@
+"""``ppo-eqx train`` and ``ppo-eqx eval``: CleanRL's flags in kebab case, derived from PPOConfig's fields, and
+one-line errors. The parser needs the config alone; each command's module is imported when it runs.
+
+Exit status: 0 done, 2 bad input (one line, nothing written), 1 a run that cannot go on (one line; what was
+written before is intact), 130/143 stopped by SIGINT/SIGTERM after a checkpoint.
+"""
+
+import argparse
+import dataclasses
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from ..config import FIELD_CHOICES, FIELD_TYPES, INT32_MAX, NOT_SWEEPABLE, SWEEPABLE, PPOConfig, flag
+from ..errors import ConfigError, RunDirError, RunError, UsageError
+from ..host.rundir import path_problem
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message.replace("\n", " "))
+
+
+def _path(text: str) -> Path:
+    problem = path_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return Path(text)
+
+
+def _int_in(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:60]!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range; allowed: {low} .. {high}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _field_help(field: dataclasses.Field, default: Any) -> str:
+    text = field.metadata.get("help", field.name.replace("_", " "))
+    return f"{text} (default: {default!r})".replace("%", "%%")
+
+
+_TRUTH = {"true": True, "false": False}
+
+
+def _sweep_value(name: str, text: str) -> Any:
+    """One value of a ``--sweep`` list, parsed as field ``name``'s type (its range is PPOConfig's to check)."""
+    if FIELD_TYPES[name] is bool:
+        if text.lower() not in _TRUTH:
+            raise argparse.ArgumentTypeError(f"{flag(name)[2:]}: {text[:60]!r} is not true or false")
+        return _TRUTH[text.lower()]
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{flag(name)[2:]}: {text[:60]!r} is not a number") from None
+
+
+def sweep_item(text: str) -> tuple[str, tuple[Any, ...]]:
+    """``NAME=V1,V2,...`` (NAME a kebab-case flag name) as ``(field_name, (value, ...))``."""
+    name, equals, values = text.partition("=")
+    field = name.strip().replace("-", "_")
+    allowed = ", ".join(flag(name)[2:] for name in SWEEPABLE)
+    if not equals:
+        raise argparse.ArgumentTypeError(f"{text[:60]!r} is not NAME=V1,V2,...; allowed names: {allowed}")
+    if field not in FIELD_TYPES:
+        raise argparse.ArgumentTypeError(f"{name[:60]!r} is not a hyperparameter; allowed: {allowed}")
+    if field not in SWEEPABLE:
+        raise argparse.ArgumentTypeError(
+            f"{flag(field)[2:]} cannot be swept in one program ({field} {NOT_SWEEPABLE[field]}); train one run "
+            f"per value instead (bench/atari57.py runs many); allowed: {allowed}"
+        )
+    pieces = [piece.strip() for piece in values.split(",")]
+    if not values.strip() or not all(pieces):
+        raise argparse.ArgumentTypeError(f"{flag(field)[2:]}: {values[:60]!r} has an empty value; allowed: V1,V2,...")
+    return field, tuple(_sweep_value(field, piece) for piece in pieces)
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per PPOConfig field; defaults stay None so that presets and explicit values can be told apart."""
+    defaults = PPOConfig()
+    for field in dataclasses.fields(PPOConfig):
+        help_text = _field_help(field, getattr(defaults, field.name))
+        if field.name == "sweep":
+            parser.add_argument(
+                "--sweep", type=sweep_item, action="append", default=None, metavar="NAME=V1,V2",
+                help=f"train every value of hyperparameter NAME, in one program; repeat for a grid; NAME: "
+                f"{', '.join(flag(name)[2:] for name in SWEEPABLE)}; each setting x --num-seeds seeds (ppo_eqx's own)",
+            )  # fmt: skip
+            continue
+        if field.type is bool:
+            kwargs: dict[str, Any] = {"action": argparse.BooleanOptionalAction}
+        elif field.name in FIELD_CHOICES:
+            kwargs = {"choices": FIELD_CHOICES[field.name]}
+        else:
+            kind = int if field.type is int else float if field.type is float else str
+            kwargs = {"type": kind, "metavar": field.name.upper()}
+        parser.add_argument(flag(field.name), default=None, help=help_text, **kwargs)
+
+
+def _add_run_flags(train: argparse.ArgumentParser) -> None:
+    train.add_argument(
+        "--run-dir", type=_path, default=None, help="where the run is written (default: runs/ENV__SEED__TIME)"
+    )
+    train.add_argument("--overwrite", action="store_true", help="replace a run directory that already holds a run")
+    train.add_argument(
+        "--resume", type=_path, default=None, metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest checkpoint, with its own config",
+    )  # fmt: skip
+    train.add_argument(
+        "--keep-checkpoints", type=_int_in(1, INT32_MAX), default=3, metavar="N",
+        help="newest checkpoints to keep (default: 3)",
+    )  # fmt: skip
+    train.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard event files")
+    train.add_argument("--no-progress", action="store_true", help="print one line per iteration, no progress bar")
+    train.add_argument("--track", action="store_true", help="log to Weights & Biases (needs `pip install wandb`)")
+    train.add_argument("--wandb-project-name", default="cleanRL", help="W&B project (default: cleanRL)")
+    train.add_argument("--wandb-entity", default=None, help="W&B entity (team or user)")
+
+
+def _add_parallel_flags(train: argparse.ArgumentParser) -> None:
+    parallel = train.add_argument_group(
+        "devices and hosts",
+        "Data parallelism: each minibatch is split over the devices, the gradients averaged; the envs are split "
+        "over the processes, each with its own EnvPool. The run computes what one device computes, up to the "
+        "order of floating-point sums (see README). Process 0 writes the run directory; every process reads "
+        "--resume's.",
+    )
+    parallel.add_argument(
+        "--devices", type=_int_in(1, 2**16), default=None, metavar="K",
+        help="devices of this process to train on (default: 1; with several processes, all of them)",
+    )  # fmt: skip
+    parallel.add_argument(
+        "--distributed", action="store_true",
+        help="join a multi-process run through jax.distributed.initialize(), which reads Slurm's (and other "
+        "cluster managers') environment; the three flags below give the peers explicitly instead",
+    )  # fmt: skip
+    parallel.add_argument("--coordinator-address", default=None, metavar="HOST:PORT", help="process 0's address")
+    parallel.add_argument("--num-processes", type=_int_in(1, 2**16), default=None, metavar="P", help="processes")
+    parallel.add_argument(
+        "--process-id", type=_int_in(0, 2**16), default=None, metavar="I", help="this process, 0 .. P-1"
+    )
+
+
+def _add_eval_command(commands: Any) -> None:
+    evaluate = commands.add_parser(
+        "eval",
+        help="play whole games with a trained agent",
+        description="Play episodes with a checkpoint's policy on envs of their own and report the game score "
+        "(raw, unclipped, summed over all lives until game over or truncation). Writes eval.json in the run "
+        "directory.",
+    )
+    evaluate.add_argument("path", type=_path, help="a run directory (its newest checkpoint) or a checkpoint file")
+    evaluate.add_argument("--episodes", type=_int_in(1, 10**6), default=10, help="episodes to play (default: 10)")
+    evaluate.add_argument("--greedy", action="store_true", help="take the most probable action, not a sample")
+    evaluate.add_argument(
+        "--seed", type=_int_in(0, INT32_MAX), default=1, help="seed of the evaluation envs and actions (default: 1)"
+    )
+    evaluate.add_argument("--video", type=_path, default=None, help="write the first episode as .mp4 or .gif")
+    evaluate.add_argument(
+        "--env-backend", choices=FIELD_CHOICES["env_backend"], default=None,
+        help="play on this env backend (default: the one the agent was trained on)",
+    )  # fmt: skip
+    evaluate.add_argument(
+        "--output", type=_path, default=None, help="where to write the results (default: RUN_DIR/eval.json)"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ppo-eqx", description="PPO on EnvPool's XLA interface, in JAX and Equinox.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train = commands.add_parser(
+        "train",
+        help="train an agent",
+        description="Train PPO with CleanRL's defaults. Atari games use CleanRL's ppo_atari_envpool_xla_jax "
+        "settings; vector-observation tasks (CartPole-v1, ...) default to CleanRL's ppo.py settings "
+        "(total-timesteps 500000, num-envs 4, clip-coef 0.2). Explicit flags win over both.",
+    )
+    add_config_flags(train)
+    _add_run_flags(train)
+    _add_parallel_flags(train)
+    _add_eval_command(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "train":
+            from .train_command import train_command
+
+            return train_command(args)
+        from .eval_command import eval_command
+
+        return eval_command(args)
+    except (UsageError, ConfigError, RunDirError) as error:
+        _error(error)
+        return 2
+    except FloatingPointError as error:
+        _error(f"{error}; stopping")
+        return 1
+    except RunError as error:
+        _error(error)
+        return 1
+    except OSError as error:
+        where = f"{error.filename}: " if error.filename else ""
+        _error(f"{where}{error.strerror or error}")
+        return 1
+
+
+MAX_WORD = 200
+"""Characters of one word that an error line shows: a 5000-character value given on the command line is cut."""
+
+
+def _error(message: object) -> None:
+    """``message`` as one ``ppo-eqx: error:`` line on stderr, each word longer than ``MAX_WORD`` cut short."""
+    words = (word if len(word) <= MAX_WORD else f"{word[: MAX_WORD - 3]}..." for word in str(message).split())
+    print("ppo-eqx: error:", *words, file=sys.stderr)
+
+
+def entry_point() -> None:
+    code = main()
+    # A Ctrl-C from here on would interrupt jax's exit hooks with a traceback: the run is over, ignore it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(code)

@@ -1,0 +1,114 @@
+"""What ``ppo-eqx train`` is asked to train: the checked ``Plan`` of a new run (``plan_new``) or of a resumed one
+(``plan_resume``), from the parsed flags. Nothing is written here."""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from ..config import PPOConfig, flag, preset_for
+from ..core.envs import backend
+from ..errors import ConfigError, RunDirError, UsageError
+from ..host.checkpoint import CheckpointFile, check_same_run, read_checkpoint
+from ..host.rundir import CONFIG, SEEDS_CONFIG, agent_dirs, check_new_run_dir
+
+
+class Plan(NamedTuple):
+    """A checked request to train: the config, where it is written, and what a resume starts from."""
+
+    config: PPOConfig
+    run_dir: Path
+    resume: CheckpointFile | None = None
+    """The newest checkpoint, read and checked, when resuming."""
+
+    @property
+    def start_iteration(self) -> int:
+        return 0 if self.resume is None else int(self.resume.metadata["iteration"])
+
+    @property
+    def agent_dirs(self) -> list[Path]:
+        return agent_dirs(self.run_dir, self.config.agent_names())
+
+
+def config_from_args(args: argparse.Namespace) -> PPOConfig:
+    """Explicit flags, else the task's preset, else PPOConfig's (CleanRL's) defaults; validated."""
+    env_id = args.env_id or PPOConfig.env_id
+    env_backend = backend(args.env_backend or PPOConfig.env_backend)
+    values: dict[str, Any] = preset_for(env_backend.spec(env_id).is_atari)
+    values.update({name: value for name, value in vars(args).items() if name in _CONFIG_FIELDS and value is not None})
+    for name, _ in values.get("sweep", ()):
+        if getattr(args, name, None) is not None:
+            raise UsageError(f"{flag(name)} and --sweep {flag(name)[2:]}=... both set {name}; drop one")
+    config = PPOConfig(**values).validate()
+    if config.async_batch_size and not env_backend.has_async:
+        raise ConfigError(
+            f"async_batch_size={config.async_batch_size} is not possible with --env-backend {env_backend.name}; "
+            "allowed: 0"
+        )
+    return config
+
+
+_CONFIG_FIELDS = frozenset(PPOConfig.__dataclass_fields__)
+
+
+def plan_new(args: argparse.Namespace) -> Plan:
+    """The checked plan of a new run: its config and env (nothing is written; the run directory is checked by
+    the process that writes it, ``check_run_dirs``)."""
+    config = config_from_args(args)
+    if args.track and config.num_agents > 1:
+        raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds} and --sweep")
+    run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
+    return Plan(config, run_dir)
+
+
+def check_run_dirs(plan: Plan, overwrite: bool) -> None:
+    """Every directory a new run writes may be written (nothing is written or created here)."""
+    check_new_run_dir(plan.run_dir, overwrite)
+    for agent_dir in plan.agent_dirs if plan.config.num_agents > 1 else []:
+        check_new_run_dir(agent_dir, overwrite)
+
+
+def plan_resume(args: argparse.Namespace) -> Plan:
+    """The checked plan of ``--resume RUN_DIR``: its config and newest checkpoint, read whole and checked (its
+    arrays are loaded once the devices are known)."""
+    run_dir: Path = args.resume
+    given = [flag(name) for name in sorted(_CONFIG_FIELDS) if getattr(args, name) is not None]
+    if given:
+        raise UsageError(
+            f"--resume continues the run with its own config ({run_dir / CONFIG}); drop {', '.join(given)}"
+        )
+    if args.overwrite:
+        raise UsageError("--resume and --overwrite contradict each other; pick one")
+    if args.run_dir is not None and args.run_dir != run_dir:
+        raise UsageError("--resume RUN_DIR is the run directory; drop --run-dir")
+    if not run_dir.is_dir():
+        raise UsageError(f"--resume {run_dir}: no such run directory")
+    config = _saved_config(run_dir)
+    backend(config.env_backend).spec(config.env_id)
+    if args.track and config.num_agents > 1:
+        raise UsageError(f"--track logs one run; {run_dir} trains {config.num_agents} agents")
+    newest = read_checkpoint(run_dir)
+    check_same_run(newest, config)
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise RunDirError(f"--resume {run_dir} is not writable")
+    return Plan(config, run_dir, newest)
+
+
+def _saved_config(run_dir: Path) -> PPOConfig:
+    config_path = run_dir / CONFIG
+    if not config_path.exists() and (run_dir / SEEDS_CONFIG).exists():
+        config_path = run_dir / SEEDS_CONFIG
+    try:
+        saved = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"--resume {run_dir}: no run there ({config_path} is missing)") from None
+    except (OSError, ValueError) as error:
+        raise UsageError(f"--resume {run_dir}: cannot read {config_path}: {error}") from None
+    if not isinstance(saved, dict):
+        raise UsageError(f"--resume {run_dir}: {config_path} is not a config")
+    try:
+        return PPOConfig.from_dict(saved)
+    except ValueError as error:
+        raise UsageError(f"--resume {run_dir}: {config_path}: {error}") from None

@@ -1,0 +1,323 @@
+"""A training run once its input is checked (``train_command``), supervised: the run directory's writers, the
+Trainer, Ctrl-C and SIGTERM, checkpoints at segment boundaries, and how it ends."""
+
+import argparse
+import contextlib
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+from tqdm import tqdm
+
+from ..config import PPOConfig
+from ..core.networks import ConvRoute
+from ..core.state import Checkpoint
+from ..errors import NonFiniteError, RunError
+from ..host.checkpoint import save_checkpoint
+from ..host.loop import run_seeds
+from ..host.mesh import MeshPlacement, any_process
+from ..host.rundir import METRICS, SUMMARY, truncate_metrics
+from ..host.trainer import Trainer
+from .hardware import hardware_info
+from .plan import Plan
+from .writers import RunWriter, start_wandb
+
+
+class _StopRequest:
+    """Ctrl-C or SIGTERM asks the loop to stop after the iteration under way; a second one stops at once."""
+
+    def __init__(self) -> None:
+        self.signal: str | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+
+
+def _format_eta(seconds: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(seconds)) if math.isfinite(seconds) else "?"
+
+
+def _mean_return(records: list[dict[str, Any]]) -> float:
+    returns = [r["episodic_return"] for r in records if math.isfinite(r.get("episodic_return", math.nan))]
+    return sum(returns) / len(returns) if returns else math.nan
+
+
+class Supervisor:
+    """One ``ppo-eqx train`` once its input is checked: the writers, the trainer, signals, checkpoints, the end.
+
+    ``run()`` returns the exit status; a fault after the start (a full disk, a writer's thread failing, a second
+    Ctrl-C) is a ``RunError`` (one line), with everything written before it intact.
+    """
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        plan: Plan,
+        mesh: Mesh | None,
+        writes: bool,
+        restore: Checkpoint | None,
+        conv_impl: ConvRoute,
+    ):
+        self.args, self.plan, self.mesh, self.writes, self.restore = args, plan, mesh, writes, restore
+        self.config = plan.config
+        self.conv_impl: ConvRoute = conv_impl
+        self.writers: list[Any] = []
+        self.trainer: Any = None
+        self.stop = _StopRequest()
+        self.last_checkpoint: Path | None = None if plan.resume is None else plan.resume.path
+        self.thread_errors: list[BaseException] = []
+        self.time_offset = 0.0 if plan.resume is None else float(plan.resume.metadata.get("time_elapsed", 0.0))
+        self.records: list[dict[str, Any]] = []
+
+    def say(self, line: str) -> None:
+        if self.writes:
+            print(line, flush=True)
+
+    def run(self) -> int:
+        with self._signals(), self._thread_errors():
+            try:
+                self._open()
+                self._loop()
+                return self._end()
+            except KeyboardInterrupt:
+                raise RunError(
+                    f"interrupted twice, stopped at once; continue from {self.last_checkpoint} with: "
+                    f"ppo-eqx train --resume {self.plan.run_dir}"
+                    if self.last_checkpoint
+                    else "interrupted twice, stopped at once before the first checkpoint"
+                ) from None
+            finally:
+                self._close()
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    @contextlib.contextmanager
+    def _thread_errors(self) -> Iterator[None]:
+        """A writer's background thread that fails (TensorBoard on a full disk) is recorded, not printed: the
+        loop stops with one line (``_check_threads``)."""
+        previous = threading.excepthook
+        threading.excepthook = lambda hook: self.thread_errors.append(hook.exc_value or RuntimeError("thread"))
+        try:
+            yield
+        finally:
+            threading.excepthook = previous
+
+    def _open(self) -> None:
+        plan, config = self.plan, self.config
+        if plan.resume is not None:
+            kept = 0
+            for agent_dir in plan.agent_dirs if self.writes else []:
+                kept = truncate_metrics(agent_dir / METRICS, plan.start_iteration)
+                (agent_dir / SUMMARY).unlink(missing_ok=True)
+            self.say(f"ppo-eqx: resuming {plan.run_dir} from {plan.resume.path.name} ({kept} rows of metrics kept)")
+        devices = "" if self.mesh is None else f" ({self.mesh.size} devices, {jax.process_count()} processes)"
+        hardware = hardware_info(self.conv_impl)  # with the route the convolutions take here
+        self.say(
+            f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps"
+            f"{_agents(config)}, "
+            f"run directory {plan.run_dir}, jax {jax.__version__} on {jax.default_backend()}{devices}, "
+            f"convolutions: {_route(hardware)}"
+        )
+        if self.mesh is not None:
+            hardware["mesh"] = {"devices": self.mesh.size, "processes": jax.process_count()}
+        self.writers = self._make_writers(hardware) if self.writes else []
+        placement = None if self.mesh is None else MeshPlacement(config, self.mesh)
+        self.trainer = Trainer(config, restore=self.restore, placement=placement, conv_impl=self.conv_impl)
+        self.say(f"ppo-eqx: compiled one iteration in {self.trainer.compile():.1f} s")
+
+    def _make_writers(self, hardware: dict[str, Any]) -> list[Any]:
+        args, plan, config = self.args, self.plan, self.config
+        resume_step = None if plan.resume is None else plan.start_iteration * config.batch_size
+        writers = []
+        for agent_dir, agent in zip(plan.agent_dirs, config.agent_configs(), strict=True):
+            wandb_run = None
+            if args.track:
+                try:
+                    wandb_run = start_wandb(
+                        plan.run_dir, config, project=args.wandb_project_name, entity=args.wandb_entity
+                    )
+                except Exception as error:  # W&B's own errors (network, login) are of many types
+                    raise RunError(f"--track: Weights & Biases refused the run: {str(error).splitlines()[0]}") from None
+            writers.append(
+                RunWriter(
+                    agent_dir,
+                    agent,
+                    hardware,
+                    tensorboard=not args.no_tensorboard,
+                    resume_step=resume_step,
+                    wandb_run=wandb_run,
+                )
+            )
+        return writers
+
+    def _loop(self) -> None:
+        config = self.config
+        bar = tqdm(
+            total=config.num_iterations * config.batch_size,
+            initial=self.plan.start_iteration * config.batch_size,
+            unit="step",
+            unit_scale=True,
+            disable=self.args.no_progress or not self.writes,
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
+        try:
+            for records in run_seeds(self.trainer, pause=self._pause, time_offset=self.time_offset):
+                self._write(records)
+                self._show(bar, records)
+                if self._checkpoint_now(int(records[0]["iteration"])):
+                    break
+        except NonFiniteError as error:
+            self._write(error.records)
+            kept = (
+                f"the last good checkpoint is {self.last_checkpoint}"
+                if self.last_checkpoint
+                else "no checkpoint was kept"
+            )
+            raise FloatingPointError(f"{error}; {kept}") from None
+        finally:
+            bar.close()
+
+    def _write(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+        try:
+            for writer, record in zip(self.writers, records, strict=bool(self.writers)):
+                writer.write(record)
+        except OSError as error:
+            raise RunError(
+                f"could not write the metrics of iteration {records[0]['iteration']}: {error.strerror or error}; "
+                f"{self._kept()}"
+            ) from None
+        self._check_threads()
+
+    def _check_threads(self) -> None:
+        if self.thread_errors:
+            error = self.thread_errors[0]
+            reason = getattr(error, "strerror", None) or (str(error).splitlines() or [type(error).__name__])[0]
+            raise RunError(f"a writer of {self.plan.run_dir} failed: {reason}; {self._kept()}")
+
+    def _kept(self) -> str:
+        return (
+            f"the last checkpoint {self.last_checkpoint} is intact"
+            if self.last_checkpoint
+            else "no checkpoint was kept"
+        )
+
+    def _show(self, bar: Any, records: list[dict[str, Any]]) -> None:
+        # Progress counts every agent's steps; the return shown is the mean over agents.
+        config, record = self.config, records[0]
+        sps = record["sps"] * config.num_agents
+        bar.update(config.batch_size)
+        bar.set_postfix(sps=f"{sps:.0f}", ret=f"{_mean_return(records):.1f}")
+        if self.args.no_progress and self.writes:
+            left = (config.num_iterations - record["iteration"]) * config.batch_size / record["sps"]
+            print(
+                f"step {record['global_step']} sps {sps:.0f} episodic_return {_mean_return(records):.2f} "
+                f"time left {_format_eta(left)}",
+                flush=True,
+            )
+
+    def _boundary(self, iteration: int) -> bool:
+        return iteration % self.config.checkpoint_every == 0 or iteration == self.config.num_iterations
+
+    def _pause(self, iteration: int) -> bool:
+        """Whether the loop must leave the state of ``iteration`` in place (not dispatch the next one): a
+        checkpoint follows it. With several processes the stop request is agreed on here, by all of them."""
+        if self.mesh is not None and any_process(self.stop.signal is not None):  # all processes stop together
+            self.stop.signal = self.stop.signal or "stop"
+        return self._boundary(iteration) or self.stop.signal is not None
+
+    def _checkpoint_now(self, iteration: int) -> bool:
+        """Save at segment boundaries, at the end and on a stop request; True when the loop should stop. A stop
+        requested while the next iteration was under way waits for that one's records."""
+        if self.trainer.iteration != iteration:
+            return False
+        boundary = self._boundary(iteration)
+        if boundary or self.stop.signal:
+            self._save(iteration, "periodic" if boundary else self.stop.signal or "stop")
+        return self.stop.signal is not None
+
+    def _save(self, iteration: int, reason: str) -> None:
+        checkpoint = self.trainer.checkpoint()  # collective: every process takes part
+        if not self.writes:
+            return
+        elapsed = self.records[0]["time_elapsed"]
+        try:
+            self.last_checkpoint = save_checkpoint(
+                self.plan.run_dir,
+                checkpoint,
+                self.config,
+                self.trainer.spec,
+                keep=self.args.keep_checkpoints,
+                extra={"reason": reason, "time_elapsed": elapsed},
+            )
+        except OSError as error:
+            raise RunError(
+                f"could not write the checkpoint of iteration {iteration} in {self.plan.run_dir}: "
+                f"{error.strerror or error}; {self._kept().replace('last', 'previous')}"
+            ) from None
+
+    def _end(self) -> int:
+        records, config = self.records, self.config
+        if self.stop.signal:
+            if self.writes:
+                iteration = records[0]["iteration"] if records else self.plan.start_iteration
+                print(
+                    f"ppo-eqx: stopped by {self.stop.signal} after iteration {iteration}; checkpoint "
+                    f"{self.last_checkpoint}; continue with: ppo-eqx train --resume {self.plan.run_dir}",
+                    file=sys.stderr,
+                )
+            return 130 if self.stop.signal == "SIGINT" else 143
+        try:
+            for writer in self.writers:
+                writer.close()  # TensorBoard's thread writes what it holds and ends: its errors are recorded now
+        except OSError as error:
+            raise RunError(
+                f"could not write the last events in {self.plan.run_dir}: {error.strerror or error}; {self._kept()}"
+            ) from None
+        self._check_threads()
+        for writer, record in zip(self.writers, records, strict=bool(self.writers)):
+            writer.finish({key: record.get(key) for key in ("global_step", "time_elapsed", "episodic_return")})
+        record = records[0]
+        self.say(
+            f"ppo-eqx: done, {record['global_step']} steps{_agents(config)} in {record['time_elapsed']:.0f} s, "
+            f"episodic_return {_mean_return(records):.2f}"
+        )
+        return 0
+
+    def _close(self) -> None:
+        if self.trainer is not None:
+            self.trainer.close()
+        for writer in self.writers:
+            with contextlib.suppress(OSError):
+                writer.close()
+
+
+def _route(hardware: dict[str, Any]) -> str:
+    """The convolution route as the first line says it: ``kernel (avx2)``, ``matmul``, ``xla``."""
+    isa = hardware["kernel_isa"]
+    return hardware["conv_impl"] if isa is None else f"{hardware['conv_impl']} ({isa})"
+
+
+def _agents(config: PPOConfig) -> str:
+    """`` x 2 seeds``, `` x 4 settings x 2 seeds``, or nothing for one agent."""
+    settings = f" x {len(config.settings)} settings" if config.sweep else ""
+    seeds = f" x {config.num_seeds} seeds" if config.num_seeds > 1 else ""
+    return settings + seeds

@@ -1,0 +1,194 @@
+"""The one PPO iteration: collect a batch, update the model, as stages that every placement composes the same
+way (``compose``): ``make_iteration`` runs them as one pure function on one device; the mesh placement
+(``ppo_eqx.host.mesh``) runs the same stages as two programs with the batch sharded between them. With several
+agents (``num_seeds`` seeds of each setting of a sweep) the iteration is one agent's, ``vmap``-ed over them.
+"""
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
+
+from ..hyperparameters import AgentHyperparameters, Sizes
+from ._types import Batch, EpisodeStats, LossInfo
+from .collect import Carry, Collector
+from .networks import ActorCritic
+from .state import AgentKeys, TrainState
+from .update import current_learning_rate, update
+
+Metrics = dict[str, Float[Array, "*A"]]
+"""Scalars of one iteration; with ``num_agents`` A > 1, one per agent."""
+FINITE = "finite"
+"""The metric that says whether the model and optimizer state are free of NaN and inf after the iteration (read
+by the host loop with the other metrics, not logged)."""
+
+
+@eqx.filter_jit
+def all_finite(tree: PyTree) -> Bool[Array, ""]:
+    """True when every floating-point leaf of ``tree`` is finite (no NaN, no inf)."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+class Collected(NamedTuple):
+    """What the collect stage hands on: the envs' carry, the time-major batch ``[T, N, ...]`` with its advantages
+    and returns, the state's next key and the key of the update."""
+
+    carry: Carry
+    batch: Batch
+    key: AgentKeys
+    update_key: PRNGKeyArray
+
+
+def collect(
+    model: ActorCritic, carry: Carry, key: PRNGKeyArray, hyperparameters: AgentHyperparameters, *, collector: Collector
+) -> Collected:
+    """The first stage: split the key (into the next key, the rollout's and the update's: the order is part of a
+    run), play ``num_steps`` steps and compute GAE with the agent's ``gamma`` and ``gae_lambda``."""
+    key, rollout_key, update_key = jax.random.split(key, 3)
+    h = hyperparameters
+    carry, batch = collector.collect(model, carry, rollout_key, gamma=h.gamma, gae_lambda=h.gae_lambda)
+    return Collected(carry, batch, key, update_key)
+
+
+Update = Callable[
+    [ActorCritic, PyTree, Batch, AgentHyperparameters, PRNGKeyArray], tuple[ActorCritic, PyTree, LossInfo]
+]
+"""``update(model, opt_state, batch, hyperparameters, key) -> (model, opt_state, infos)`` on a time-major batch:
+``one_device_update`` or the mesh's sharded update."""
+
+
+def one_device_update(sizes: Sizes) -> Update:
+    """``update`` of the batch flattened to ``[T*N, ...]``."""
+
+    def one_device(
+        model: ActorCritic, opt_state: PyTree, batch: Batch, hyperparameters: AgentHyperparameters, key: PRNGKeyArray
+    ) -> tuple[ActorCritic, PyTree, LossInfo]:
+        flat = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), batch)
+        return update(model, opt_state, flat, hyperparameters, sizes=sizes, key=key)
+
+    return one_device
+
+
+def learn(
+    model: ActorCritic,
+    opt_state: PyTree,
+    batch: Batch,
+    hyperparameters: AgentHyperparameters,
+    key: PRNGKeyArray,
+    *,
+    update: Update,
+) -> tuple[ActorCritic, PyTree, Metrics]:
+    """The second stage: ``update``, then its metrics (CleanRL's: the learning rate after the update, the last
+    minibatch step's losses, the mean clip fraction) and ``FINITE``."""
+    model, opt_state, infos = update(model, opt_state, batch, hyperparameters, key)
+    metrics = {
+        "learning_rate": current_learning_rate(opt_state),
+        "loss": infos.loss[-1],
+        "policy_loss": infos.policy_loss[-1],
+        "value_loss": infos.value_loss[-1],
+        "entropy": infos.entropy[-1],
+        "approx_kl": infos.approx_kl[-1],
+        "clip_fraction": infos.clip_fraction.mean(),
+        FINITE: all_finite((model, opt_state)),
+    }
+    return model, opt_state, metrics
+
+
+def episode_metrics(stats: EpisodeStats) -> Metrics:
+    """CleanRL's ``episodic_return`` and ``episodic_length``: the mean over envs of each env's last finished
+    episode (NaN until one has finished)."""
+    finished = jnp.any(jnp.isfinite(stats.returned_episode_returns))
+    return {
+        "episodic_return": jnp.where(finished, jnp.nanmean(stats.returned_episode_returns), jnp.nan),
+        "episodic_length": jnp.where(finished, jnp.nanmean(stats.returned_episode_lengths), jnp.nan),
+    }
+
+
+Iteration = Callable[[TrainState], tuple[TrainState, Metrics]]
+
+
+def compose(
+    collect_stage: Callable[[TrainState], Collected],
+    learn_stage: Callable[[TrainState, Collected], tuple[ActorCritic, PyTree, Metrics]],
+    episode_stats: Callable[[EpisodeStats], EpisodeStats] = lambda stats: stats,
+) -> Iteration:
+    """The iteration from its two stages: ``collect_stage`` (``collect``), then ``learn_stage`` (``learn``) on the
+    collected batch; the metrics are ``episode_metrics`` of the carry's statistics (as ``episode_stats`` gives
+    them: every process's envs, on a mesh), then ``learn``'s."""
+
+    def iteration(state: TrainState) -> tuple[TrainState, Metrics]:
+        collected = collect_stage(state)
+        model, opt_state, learned = learn_stage(state, collected)
+        metrics = {**episode_metrics(episode_stats(collected.carry.stats)), **learned}
+        next_state = TrainState(
+            model, opt_state, collected.carry, collected.key, state.iteration + 1, state.hyperparameters
+        )
+        return next_state, metrics
+
+    return iteration
+
+
+def make_iteration(collector: Collector, sizes: Sizes) -> Iteration:
+    """The pure PPO iteration on one device: ``collect`` (``num_steps`` env steps and GAE), then ``learn``
+    (``update_epochs`` epochs of minibatch steps). Its metrics follow CleanRL's (``learn``, ``episode_metrics``),
+    with ``FINITE`` besides.
+
+    With ``sizes.num_agents`` A > 1 the collector is one agent's (``sync_collector(num_agents=A)``) and the
+    iteration is that agent's ``vmap``-ed over A (``over_agents``): every metric is ``[A]``.
+    """
+    update = one_device_update(sizes)
+
+    def collect_stage(state: TrainState) -> Collected:
+        return collect(state.model, state.carry, state.key, state.hyperparameters, collector=collector)
+
+    def learn_stage(state: TrainState, collected: Collected) -> tuple[ActorCritic, PyTree, Metrics]:
+        return learn(
+            state.model, state.opt_state, collected.batch, state.hyperparameters, collected.update_key, update=update
+        )
+
+    iteration = compose(collect_stage, learn_stage)
+    return iteration if sizes.num_agents == 1 else over_agents(iteration)
+
+
+def agent_axes(state: TrainState) -> TrainState:
+    """``vmap`` axes of a state stacked over agents: 0 for every array but the shared env handle and counter, and
+    the hyperparameters' own (``AgentHyperparameters.axes``: shared ones unmapped)."""
+    axes = jax.tree.map(lambda x: 0 if eqx.is_array(x) else None, state)
+    own = (None, None, state.hyperparameters.axes())
+    return eqx.tree_at(lambda s: (s.carry.handle, s.iteration, s.hyperparameters), axes, own, is_leaf=_is_none)
+
+
+def _is_none(x: object) -> bool:
+    return x is None
+
+
+def over_agents(iteration: Iteration) -> Iteration:
+    """One agent's iteration ``vmap``-ed over the leading ``A`` axis of a stacked state (``agent_axes``)."""
+
+    def agents(state: TrainState) -> tuple[TrainState, Metrics]:
+        axes = agent_axes(state)
+        return eqx.filter_vmap(iteration, in_axes=(axes,), out_axes=(axes, 0))(state)
+
+    return agents
+
+
+def make_prime(collector: Collector, sizes: Sizes) -> Callable[[TrainState], TrainState]:
+    """``collector.prime`` of a fresh pool (the state's carry from ``collector.carry``) with the state's model;
+    with ``num_agents`` A > 1, each agent's (``vmap``-ed as the iteration is)."""
+
+    def prime(state: TrainState) -> TrainState:
+        carry, key = collector.prime(state.model, state.carry, state.key)
+        return eqx.tree_at(lambda s: (s.carry, s.key), state, (carry, key))
+
+    if sizes.num_agents == 1:
+        return prime
+
+    def agents(state: TrainState) -> TrainState:
+        axes = agent_axes(state)
+        return eqx.filter_vmap(prime, in_axes=(axes,), out_axes=axes)(state)
+
+    return agents

@@ -1,0 +1,222 @@
+"""Collect ``num_steps`` transitions from ``N`` envs under ``jax.lax.scan``, with episode statistics; or, from an
+async pool, ``num_steps`` receives of ``R`` of its envs each."""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
+
+from ._types import AsyncTransition, EnvOutput, EpisodeStats, Observation, Transition
+from .envs import AsyncEnv, EnvStep
+from .networks import ActorCritic, categorical_logprob_entropy
+
+
+def init_episode_stats(num_envs: int) -> EpisodeStats:
+    # Four distinct buffers: the jitted iteration donates its inputs, and a buffer cannot be donated twice.
+    return EpisodeStats(
+        jnp.zeros((num_envs,), jnp.float32),
+        jnp.zeros((num_envs,), jnp.int32),
+        jnp.full((num_envs,), jnp.nan, jnp.float32),
+        jnp.full((num_envs,), jnp.nan, jnp.float32),
+    )
+
+
+def update_episode_stats(stats: EpisodeStats, out: EnvOutput) -> EpisodeStats:
+    """Add one step's raw reward; when a game is over, keep its return and length and start again."""
+    returns = stats.episode_returns + out.raw_reward
+    lengths = stats.episode_lengths + 1
+    over = out.game_over
+    return EpisodeStats(
+        episode_returns=jnp.where(over, 0.0, returns),
+        episode_lengths=jnp.where(over, 0, lengths),
+        returned_episode_returns=jnp.where(over, returns, stats.returned_episode_returns),
+        returned_episode_lengths=jnp.where(over, lengths.astype(jnp.float32), stats.returned_episode_lengths),
+    )
+
+
+def sample_actions(
+    key: PRNGKeyArray, logits: Float[Array, "N A"], *, first_env: int = 0, total_envs: int | None = None
+) -> Int[Array, " N"]:
+    """One action per row of ``logits``, as ``jax.random.categorical(key, logits)``.
+
+    With ``total_envs``, the rows are rows ``first_env ..`` of a ``[total_envs, A]`` batch, and each gets the
+    action that ``categorical`` (Gumbel-max) draws for that row of the whole batch.
+    """
+    if total_envs is None:
+        return jax.random.categorical(key, logits).astype(jnp.int32)
+    gumbel = jax.random.gumbel(key, (total_envs, logits.shape[-1]), logits.dtype)
+    noise = jax.lax.dynamic_slice_in_dim(gumbel, first_env, logits.shape[0])
+    return jnp.argmax(logits + noise, axis=-1).astype(jnp.int32)
+
+
+class RolloutCarry(NamedTuple):
+    """What one rollout hands the next: the env backend's handle, the current observation, episode statistics."""
+
+    handle: Any
+    obs: Observation
+    stats: EpisodeStats
+
+
+def _act(
+    model: ActorCritic, obs: Observation, key: PRNGKeyArray, *, first_env: int = 0, total_envs: int | None = None
+) -> tuple[Int[Array, " N"], Float[Array, " N"], Float[Array, " N"]]:
+    """The policy's action for each observation (``sample_actions``), its log-probability, and the value."""
+    logits, value = model(obs)
+    action = sample_actions(key, logits, first_env=first_env, total_envs=total_envs)
+    logprob, _ = categorical_logprob_entropy(logits, action)
+    return action, logprob, value
+
+
+def rollout(
+    model: ActorCritic,
+    env_step: EnvStep,
+    carry: RolloutCarry,
+    *,
+    num_steps: int,
+    key: PRNGKeyArray,
+    first_env: int = 0,
+    total_envs: int | None = None,
+) -> tuple[RolloutCarry, Transition, Float[Array, " N"]]:
+    """Act ``num_steps`` times in every env with actions sampled from ``model``.
+
+    Returns the carry after the last step, the time-major transitions and the value of the last
+    observation (GAE's bootstrap). With ``total_envs``, these N envs are envs ``first_env .. first_env + N - 1``
+    of a run of ``total_envs`` (one process's share of a multi-host run): they draw the actions that
+    those envs would draw in one rollout over all ``total_envs`` (``sample_actions``).
+    """
+
+    def step(carry: RolloutCarry, step_key: PRNGKeyArray) -> tuple[RolloutCarry, Transition]:
+        action, logprob, value = _act(model, carry.obs, step_key, first_env=first_env, total_envs=total_envs)
+        handle, out = env_step(carry.handle, action)
+        transition = Transition(carry.obs, action, logprob, value, out.reward, out.done)
+        return RolloutCarry(handle, out.obs, update_episode_stats(carry.stats, out)), transition
+
+    carry, transitions = jax.lax.scan(step, carry, jax.random.split(key, num_steps))
+    _, last_value = model(carry.obs)
+    return carry, transitions, last_value
+
+
+def update_episode_stats_at(
+    stats: EpisodeStats, env_ids: Int[Array, " R"], out: EnvOutput, *, where: Bool[Array, " R"] | None = None
+) -> EpisodeStats:
+    """``update_episode_stats`` for the envs ``env_ids`` only (those that ``out`` is of; ``where`` them, if given)."""
+    own = EpisodeStats(*(x[env_ids] for x in stats))
+    updated = update_episode_stats(own, out)
+    if where is not None:
+        updated = EpisodeStats(*(jnp.where(where, new, old) for new, old in zip(updated, own, strict=True)))
+    return EpisodeStats(*(x.at[env_ids].set(new) for x, new in zip(stats, updated, strict=True)))
+
+
+class AsyncRolloutCarry(NamedTuple):
+    """What one async rollout hands the next: the handle, each env's pending step and episode statistics.
+
+    Env n's pending step is the one under way in the pool: the observation ``obs[n]`` that the policy acted on,
+    the action ``actions[n]`` that was sent, its log-probability and the value of ``obs[n]``; its reward comes
+    with the env's next receive.
+    """
+
+    handle: Any
+    obs: Observation
+    actions: Int[Array, " N"]
+    logprobs: Float[Array, " N"]
+    values: Float[Array, " N"]
+    stats: EpisodeStats
+
+
+def init_async_carry(
+    handle: Any, obs_shape: tuple[int, ...], obs_dtype: np.dtype, stats: EpisodeStats
+) -> AsyncRolloutCarry:
+    """The carry of a fresh async pool before ``prime_async``: zeros for the pending steps, as none is known."""
+    num_envs = stats.episode_returns.shape[0]
+    obs = jnp.zeros((num_envs, *obs_shape), obs_dtype)
+    # Distinct buffers, as in init_episode_stats: the iteration donates them.
+    logprobs, values = jnp.zeros((num_envs,), jnp.float32), jnp.zeros((num_envs,), jnp.float32)
+    return AsyncRolloutCarry(handle, obs, jnp.zeros((num_envs,), jnp.int32), logprobs, values, stats)
+
+
+def _pend(
+    carry: AsyncRolloutCarry,
+    handle: Any,
+    env_ids: Int[Array, " R"],
+    obs: Observation,
+    action: Int[Array, " R"],
+    logprob: Float[Array, " R"],
+    value: Float[Array, " R"],
+    stats: EpisodeStats,
+) -> AsyncRolloutCarry:
+    """The carry with the steps just sent to ``env_ids`` as their pending ones."""
+    return AsyncRolloutCarry(
+        handle,
+        carry.obs.at[env_ids].set(obs),
+        carry.actions.at[env_ids].set(action),
+        carry.logprobs.at[env_ids].set(logprob),
+        carry.values.at[env_ids].set(value),
+        stats,
+    )
+
+
+def prime_async(model: ActorCritic, env: AsyncEnv, carry: AsyncRolloutCarry, *, key: PRNGKeyArray) -> AsyncRolloutCarry:
+    """Give every env of a fresh async pool (``init_async_carry``) a pending step.
+
+    Receives, acts and sends until every env has come back from its reset once. EnvPool's threads finish in
+    any order, so an env can come back a second time before another's reset is received: the step it completes
+    then is not learned from (its reward still counts in the episode statistics).
+    """
+    num_envs = carry.actions.shape[0]
+
+    def waiting(loop: tuple[AsyncRolloutCarry, Bool[Array, " N"], PRNGKeyArray]) -> Bool[Array, ""]:
+        return ~jnp.all(loop[1])
+
+    def step(
+        loop: tuple[AsyncRolloutCarry, Bool[Array, " N"], PRNGKeyArray],
+    ) -> tuple[AsyncRolloutCarry, Bool[Array, " N"], PRNGKeyArray]:
+        carry, received, key = loop
+        key, act_key = jax.random.split(key)
+        handle, env_ids, out = env.recv(carry.handle)
+        action, logprob, value = _act(model, out.obs, act_key)
+        handle = env.send(handle, env_ids, action)
+        # An env's first receive is its reset, not a step of an episode.
+        stats = update_episode_stats_at(carry.stats, env_ids, out, where=received[env_ids])
+        carry = _pend(carry, handle, env_ids, out.obs, action, logprob, value, stats)
+        return carry, received.at[env_ids].set(True), key
+
+    carry, _, _ = jax.lax.while_loop(waiting, step, (carry, jnp.zeros((num_envs,), bool), key))
+    return carry
+
+
+def async_rollout(
+    model: ActorCritic,
+    env: AsyncEnv,
+    carry: AsyncRolloutCarry,
+    *,
+    num_steps: int,
+    key: PRNGKeyArray,
+) -> tuple[AsyncRolloutCarry, AsyncTransition]:
+    """Receive ``R`` envs ``num_steps`` times, completing each one's pending step, and send their next actions.
+
+    The carry must come from ``prime_async`` or a previous ``async_rollout``. Transition ``[t, i]`` is the
+    pending step of env ``env_ids[t, i]`` with the reward and done that came back, and the value (under
+    ``model``) of the observation that came with them as its ``next_values``: each transition carries its own
+    bootstrap (see ``compute_gae_by_env``).
+    """
+
+    def step(carry: AsyncRolloutCarry, step_key: PRNGKeyArray) -> tuple[AsyncRolloutCarry, AsyncTransition]:
+        handle, env_ids, out = env.recv(carry.handle)
+        action, logprob, value = _act(model, out.obs, step_key)
+        handle = env.send(handle, env_ids, action)
+        transition = AsyncTransition(
+            carry.obs[env_ids],
+            carry.actions[env_ids],
+            carry.logprobs[env_ids],
+            carry.values[env_ids],
+            out.reward,
+            out.done,
+            value,
+            env_ids,
+        )
+        stats = update_episode_stats_at(carry.stats, env_ids, out)
+        return _pend(carry, handle, env_ids, out.obs, action, logprob, value, stats), transition
+
+    return jax.lax.scan(step, carry, jax.random.split(key, num_steps))

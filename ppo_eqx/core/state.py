@@ -1,0 +1,83 @@
+"""What training threads from one iteration to the next (``TrainState``), what a checkpoint keeps of it
+(``Checkpoint``: the state less the envs), and a fresh run's agents (``init_agents``)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Int, Key, PyTree, UInt32
+
+from ..hyperparameters import AgentHyperparameters, Sizes
+from ._types import EpisodeStats
+from .collect import Carry
+from .envs import EnvSpec
+from .networks import ActorCritic, ConvRoute
+from .rollout import init_episode_stats
+from .update import make_optimizer
+
+AgentKeys = Key[Array, "*A"] | UInt32[Array, "*A 2"]
+"""A PRNG key, or with ``num_agents`` A > 1 one per agent."""
+
+
+class TrainState(eqx.Module):
+    """Everything one iteration reads and writes. ``iteration`` counts finished iterations; ``hyperparameters``
+    are the agents' own (read, never changed). With A > 1 agents every array but the env handle and
+    ``iteration`` has a leading ``A`` axis."""
+
+    model: ActorCritic
+    opt_state: PyTree
+    carry: Carry
+    key: AgentKeys
+    iteration: Int[Array, ""]
+    hyperparameters: AgentHyperparameters
+
+
+class Checkpoint(eqx.Module):
+    """What a checkpoint holds: the training state less the envs (a backend's env state cannot be saved) and
+    the hyperparameters (the checkpoint's config has them).
+
+    ``stats`` keeps the last finished episode of every env; its running episodes are dropped on restore, as
+    the envs are made afresh. With ``num_agents`` A > 1 every field but ``iteration`` has a leading ``A`` axis.
+    """
+
+    model: ActorCritic
+    opt_state: PyTree
+    key: AgentKeys
+    stats: EpisodeStats
+    iteration: Int[Array, ""]
+
+
+def init_agents(
+    spec: EnvSpec,
+    hyperparameters: AgentHyperparameters,
+    seeds: int | Int[Array, " A"],
+    *,
+    num_envs: int,
+    sizes: Sizes,
+    conv_impl: ConvRoute,
+) -> Checkpoint:
+    """A fresh run's model, optimizer state, key and episode statistics, at iteration 0: agent k's from
+    ``PRNGKey(seeds[k])`` and its ``hyperparameters``, each stacked over a leading ``A`` axis when
+    ``sizes.num_agents`` > 1 (``eqx.filter_vmap`` over the agents); one agent's, unstacked, otherwise."""
+
+    def init(
+        seed: int | Int[Array, ""], agent: AgentHyperparameters
+    ) -> tuple[ActorCritic, PyTree, Array, EpisodeStats]:
+        key, model_key = jax.random.split(jax.random.PRNGKey(seed))
+        model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=conv_impl, key=model_key)
+        opt_state = make_optimizer(agent, sizes).init(eqx.filter(model, eqx.is_array))
+        return model, opt_state, key, init_episode_stats(num_envs)
+
+    if sizes.num_agents == 1:
+        model, opt_state, key, stats = init(seeds, hyperparameters)
+    else:
+        init_agent = eqx.filter_vmap(init, in_axes=(0, hyperparameters.axes()))
+        model, opt_state, key, stats = init_agent(seeds, hyperparameters)
+    return Checkpoint(model, opt_state, key, stats, jnp.zeros((), jnp.int32))
+
+
+def fresh_episodes(stats: EpisodeStats) -> EpisodeStats:
+    """Statistics for new envs: no running episode, the last finished ones kept."""
+    return stats._replace(
+        episode_returns=jnp.zeros_like(stats.episode_returns),
+        episode_lengths=jnp.zeros_like(stats.episode_lengths),
+    )

@@ -1,0 +1,136 @@
+"""The PPO update: shuffle the batch each epoch, split it into minibatches, one optimizer step per minibatch."""
+
+from collections.abc import Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
+
+from ..hyperparameters import AgentHyperparameters, Sizes
+from ._types import Batch, LossInfo
+from .loss import model_loss
+from .networks import ActorCritic
+
+
+def learning_rate_schedule(hyperparameters: AgentHyperparameters, sizes: Sizes) -> optax.Schedule:
+    """CleanRL's linear annealing: constant within an iteration, from ``learning_rate`` towards 0 over
+    ``sizes.num_iterations`` (constant without ``anneal_lr``)."""
+    steps_per_iteration = sizes.num_minibatches * sizes.update_epochs
+
+    def schedule(count: Int[ArrayLike, ""]) -> Float[ArrayLike, ""]:
+        frac = 1.0 - (jnp.asarray(count) // steps_per_iteration) / sizes.num_iterations
+        return hyperparameters.learning_rate * jnp.where(hyperparameters.anneal_lr, frac, 1.0)
+
+    return schedule
+
+
+def make_optimizer(hyperparameters: AgentHyperparameters, sizes: Sizes) -> optax.GradientTransformation:
+    """One agent's optimizer: global-norm clipping at ``max_grad_norm``, then Adam (eps=1e-5) whose learning rate,
+    ``learning_rate_schedule``, is injected state (read back by ``current_learning_rate``). Built inside the
+    iteration from the agent's arrays, so that every agent of a program has its own."""
+    return optax.chain(
+        optax.clip_by_global_norm(hyperparameters.max_grad_norm),
+        optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate_schedule(hyperparameters, sizes), eps=1e-5),
+    )
+
+
+def current_learning_rate(opt_state: PyTree) -> Float[Array, ""]:
+    """The learning rate that the last Adam step used (from ``make_optimizer``'s state)."""
+    return opt_state[1].hyperparams["learning_rate"]
+
+
+def minibatch_indices(
+    batch_size: int, *, num_minibatches: int, update_epochs: int, key: PRNGKeyArray
+) -> Int[Array, "EM mb"]:
+    """A fresh permutation of the batch each epoch, split into ``num_minibatches`` rows (epoch-major)."""
+    keys = jax.random.split(key, update_epochs)
+    permutations = jax.vmap(lambda k: jax.random.permutation(k, batch_size))(keys)
+    return permutations.reshape(update_epochs * num_minibatches, batch_size // num_minibatches)
+
+
+LossFn = Callable[[PyTree, Batch], tuple[Float[Array, ""], LossInfo]]
+
+
+def params_loss(static: PyTree, hyperparameters: AgentHyperparameters) -> LossFn:
+    """``model_loss`` as a function of the model's arrays (``static`` is the rest, from ``eqx.partition``), on
+    minibatches whose observations are already ``prepare``d."""
+
+    def loss_fn(params: PyTree, minibatch: Batch) -> tuple[Float[Array, ""], LossInfo]:
+        return model_loss(eqx.combine(params, static), minibatch, hyperparameters, prepared=True)
+
+    return loss_fn
+
+
+def minibatch_steps(
+    loss_fn: LossFn,
+    params: PyTree,
+    opt_state: PyTree,
+    batch: Batch,
+    indices: Int[Array, "EM mb"],
+    *,
+    optimizer: optax.GradientTransformation,
+    unroll: int = 1,
+    advantages: Float[Array, "EM mb"] | None = None,
+    reduce_grads: Callable[[PyTree], PyTree] | None = None,
+) -> tuple[PyTree, PyTree, LossInfo]:
+    """One optimizer step on ``loss_fn`` per row of ``indices`` (the rows of ``batch`` in that minibatch), in a
+    ``lax.scan`` with ``unroll``. Returns the parameters, optimizer state and every step's diagnostics.
+
+    ``advantages``, if given, replace each minibatch's own (row k's for step k); ``reduce_grads`` is applied
+    to the gradients before the optimizer step (the data-parallel update averages them across devices).
+    """
+
+    def step(
+        carry: tuple[PyTree, PyTree], xs: tuple[Int[Array, " mb"], Float[Array, " mb"] | None]
+    ) -> tuple[tuple[PyTree, PyTree], LossInfo]:
+        params, opt_state = carry
+        index, step_advantages = xs
+        # The rows are a permutation, always in bounds: "clip" is XLA's own gather, where jnp's default ("fill")
+        # adds a select over every gathered frame.
+        minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0, mode="clip"), batch)
+        if step_advantages is not None:
+            minibatch = minibatch._replace(advantages=step_advantages)
+        (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, minibatch)
+        if reduce_grads is not None:
+            grads = reduce_grads(grads)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), info
+
+    (params, opt_state), infos = jax.lax.scan(step, (params, opt_state), (indices, advantages), unroll=unroll)
+    return params, opt_state, infos
+
+
+def update(
+    model: ActorCritic,
+    opt_state: PyTree,
+    batch: Batch,
+    hyperparameters: AgentHyperparameters,
+    *,
+    sizes: Sizes,
+    key: PRNGKeyArray,
+) -> tuple[ActorCritic, PyTree, LossInfo]:
+    """``sizes.update_epochs`` passes over ``batch`` in ``sizes.num_minibatches`` minibatches, one step each of
+    the agent's optimizer (``make_optimizer``) on its loss (``model_loss``), both with ``hyperparameters``.
+
+    Returns the new model and optimizer state, and the loss diagnostics of every step, shaped
+    ``[update_epochs * num_minibatches]`` (epoch-major). The steps run in one ``lax.scan`` with
+    ``sizes.minibatch_unroll``.
+    """
+    # Relayout the observations once for all epochs (a no-op for vector observations).
+    batch = batch._replace(obs=model.prepare(batch.obs))
+    params, static = eqx.partition(model, eqx.is_array)
+    indices = minibatch_indices(
+        batch.actions.shape[0], num_minibatches=sizes.num_minibatches, update_epochs=sizes.update_epochs, key=key
+    )
+    params, opt_state, infos = minibatch_steps(
+        params_loss(static, hyperparameters),
+        params,
+        opt_state,
+        batch,
+        indices,
+        optimizer=make_optimizer(hyperparameters, sizes),
+        unroll=sizes.minibatch_unroll,
+    )
+    return eqx.combine(params, static), opt_state, infos

@@ -1,0 +1,233 @@
+"""Checkpoints in ``RUN_DIR/checkpoints``: ``iter_NNNNNN.eqx`` (the arrays) beside ``iter_NNNNNN.json``.
+
+The ``.eqx`` file is ``eqx.tree_serialise_leaves`` of a ``Checkpoint`` (model, optimizer state, key,
+episode statistics, iteration); the ``.json`` file holds the config, the iteration, and the size and SHA-256
+of the ``.eqx`` file. Each is written to a temporary file, fsynced and renamed over its name, the ``.eqx``
+first: a checkpoint exists once its ``.json`` does, and a kill at any moment leaves the previous ones whole.
+Reading (``read_checkpoint``) reads both files once and checks the size and hash before an array is used;
+loading (``load_checkpoint``) checks the shapes and dtypes against a "like" tree built from the config, with
+the convolutions' route given (loading never chooses one: ``host.conv_route``).
+"""
+
+import hashlib
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..config import PPOConfig
+from ..core.envs import EnvSpec
+from ..core.iteration import all_finite
+from ..core.networks import ConvRoute
+from ..core.state import Checkpoint, init_agents
+from ..errors import CheckpointError, ConfigError
+from .rundir import CHECKPOINT_DIR, CONFIG, json_bytes, write_atomic
+
+FORMAT_VERSION = 1
+_NAME = re.compile(r"iter_(\d{6,})\.json")
+
+
+class CheckpointFile(NamedTuple):
+    """A checkpoint read from its files once: the ``.json``'s path and metadata, and the arrays' bytes, checked
+    against the size and SHA-256 that the metadata holds."""
+
+    path: Path
+    metadata: dict[str, Any]
+    arrays: bytes
+
+
+def init_checkpoint(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> Checkpoint:
+    """A fresh run's agents at iteration 0 (``core.state.init_agents``), agent k initialised as the single run of
+    ``config.agent_configs()[k]``; under ``eqx.filter_eval_shape`` the "like" tree that a checkpoint loads into."""
+    seeds = config.seed if config.num_agents == 1 else jnp.asarray([agent.seed for agent in config.agent_configs()])
+    return init_agents(
+        spec,
+        config.agent_hyperparameters(),
+        seeds,
+        num_envs=config.num_envs,
+        sizes=config.sizes,
+        conv_impl=conv_impl,
+    )
+
+
+def checkpoint_name(iteration: int) -> str:
+    return f"iter_{iteration:06d}"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """The ``.json`` files of the checkpoints in ``run_dir``, oldest iteration first."""
+    directory = run_dir / CHECKPOINT_DIR
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.fullmatch(p.name))]
+    return [path for _, path in sorted(found)]
+
+
+def _serialise(checkpoint: Checkpoint) -> bytes:
+    buffer = io.BytesIO()
+    eqx.tree_serialise_leaves(buffer, checkpoint)
+    return buffer.getvalue()
+
+
+def save_checkpoint(
+    run_dir: Path,
+    checkpoint: Checkpoint,
+    config: PPOConfig,
+    spec: EnvSpec,
+    *,
+    keep: int,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``checkpoint`` as ``run_dir/checkpoints/iter_NNNNNN.{eqx,json}``, then delete all but the ``keep``
+    newest. Returns the ``.json`` path. Refuses (FloatingPointError) a model or optimizer state with NaN or inf.
+    """
+    if not bool(all_finite((checkpoint.model, checkpoint.opt_state))):
+        raise FloatingPointError(f"refusing to checkpoint non-finite parameters at iteration {checkpoint.iteration}")
+    iteration = int(checkpoint.iteration)
+    directory = run_dir / CHECKPOINT_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    data = _serialise(checkpoint)
+    name = checkpoint_name(iteration)
+    metadata = {
+        "format_version": FORMAT_VERSION,
+        "iteration": iteration,
+        "global_step": iteration * config.batch_size,
+        "at_segment_boundary": iteration % config.checkpoint_every == 0,
+        "config": config.to_dict(),
+        "obs_shape": list(spec.obs_shape),
+        "num_actions": spec.num_actions,
+        "arrays": f"{name}.eqx",
+        "arrays_bytes": len(data),
+        "arrays_sha256": hashlib.sha256(data).hexdigest(),
+        "jax_version": jax.__version__,
+        "equinox_version": eqx.__version__,
+        **(extra or {}),
+    }
+    write_atomic(directory / f"{name}.eqx", data)
+    path = directory / f"{name}.json"
+    write_atomic(path, json_bytes(metadata))
+    _prune(run_dir, keep)
+    return path
+
+
+def _prune(run_dir: Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest checkpoints (the ``.json`` first: no half-deleted checkpoint is left
+    that looks whole), and ``.eqx`` files whose ``.json`` was never written."""
+    checkpoints = list_checkpoints(run_dir)
+    for path in checkpoints[: max(len(checkpoints) - keep, 0)]:
+        path.unlink(missing_ok=True)
+        path.with_suffix(".eqx").unlink(missing_ok=True)
+    directory = run_dir / CHECKPOINT_DIR
+    for arrays in directory.glob("iter_*.eqx"):
+        if not arrays.with_suffix(".json").exists():
+            arrays.unlink(missing_ok=True)
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """The ``.json`` of a checkpoint given as a run directory (its newest), a ``.json`` or an ``.eqx`` path."""
+    if path.is_dir():
+        if (path / CHECKPOINT_DIR).is_dir() or (path / CONFIG).exists():
+            checkpoints = list_checkpoints(path)
+            if not checkpoints:
+                raise CheckpointError(f"{path} holds no checkpoint (no {CHECKPOINT_DIR}/iter_*.json)")
+            return checkpoints[-1]
+        raise CheckpointError(f"{path} is neither a run directory nor a checkpoint")
+    if path.suffix == ".eqx":
+        path = path.with_suffix(".json")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    return path
+
+
+def read_metadata(path: Path) -> dict[str, Any]:
+    """The ``.json`` of a checkpoint, checked for the fields that loading needs."""
+    try:
+        metadata = json.loads(path.read_text())
+    except OSError as error:
+        raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CheckpointError(f"checkpoint {path} is damaged: its metadata is not JSON") from None
+    required = ("format_version", "iteration", "config", "arrays", "arrays_bytes", "arrays_sha256")
+    if not isinstance(metadata, dict) or any(name not in metadata for name in required):
+        raise CheckpointError(f"checkpoint {path} is damaged: its metadata lacks {', '.join(required)}")
+    if metadata["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has format version {metadata['format_version']!r}; this ppo_eqx reads {FORMAT_VERSION}"
+        )
+    return metadata
+
+
+def config_of(file: CheckpointFile) -> PPOConfig:
+    """The config that a checkpoint's run was trained with."""
+    try:
+        return PPOConfig.from_dict(file.metadata["config"])
+    except (ConfigError, TypeError) as error:
+        raise CheckpointError(f"checkpoint {file.path} holds an invalid config: {error}") from None
+
+
+def check_same_run(file: CheckpointFile, config: PPOConfig) -> None:
+    """Raise CheckpointError unless the checkpoint was written by a run with ``config`` (a field that an older
+    checkpoint does not name has its default)."""
+    saved = {**PPOConfig().to_dict(), **file.metadata["config"]}
+    differing = [name for name, value in config.to_dict().items() if saved[name] != value]
+    if differing:
+        shown = ", ".join(f"{name}={saved[name]!r} (this run: {getattr(config, name)!r})" for name in differing)
+        raise CheckpointError(f"checkpoint {file.path} belongs to another run: {shown}")
+
+
+def read_checkpoint(path: Path) -> CheckpointFile:
+    """The checkpoint ``path`` names (a run directory: its newest; a ``.json`` or an ``.eqx`` file), read and
+    checked (``read_metadata``, ``read_arrays``); CheckpointError when it is missing, damaged or unreadable."""
+    path = resolve_checkpoint(path)
+    metadata = read_metadata(path)
+    return CheckpointFile(path, metadata, read_arrays(path, metadata))
+
+
+def read_arrays(path: Path, metadata: dict[str, Any]) -> bytes:
+    """The bytes of a checkpoint's ``.eqx`` file, checked against the size and SHA-256 in its metadata."""
+    arrays = path.with_name(metadata["arrays"])
+    try:
+        data = arrays.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} is incomplete: {arrays.name} is missing") from None
+    except OSError as error:
+        raise CheckpointError(f"cannot read checkpoint {arrays}: {error.strerror}") from None
+    if len(data) != metadata["arrays_bytes"]:
+        raise CheckpointError(
+            f"checkpoint {arrays} is truncated or damaged: {len(data)} bytes, {metadata['arrays_bytes']} written"
+        )
+    if hashlib.sha256(data).hexdigest() != metadata["arrays_sha256"]:
+        raise CheckpointError(f"checkpoint {arrays} is damaged: its SHA-256 differs from the one written")
+    return data
+
+
+def load_checkpoint(
+    file: CheckpointFile, config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute = "xla"
+) -> Checkpoint:
+    """The arrays of ``file`` in a tree shaped by ``config`` and ``spec``, its model computing its convolutions
+    by ``conv_impl``.
+
+    Raises CheckpointError when the arrays are of other shapes or dtypes (another architecture or env).
+    """
+    arrays = file.path.with_name(file.metadata["arrays"])
+    obs_shape, num_actions = file.metadata.get("obs_shape", spec.obs_shape), file.metadata.get("num_actions")
+    if list(spec.obs_shape) != list(obs_shape) or num_actions not in (None, spec.num_actions):
+        raise CheckpointError(
+            f"checkpoint {file.path} is for observations {tuple(obs_shape)} and {num_actions} actions; "
+            f"{spec.env_id} has {spec.obs_shape} and {spec.num_actions}"
+        )
+    like = eqx.filter_eval_shape(init_checkpoint, config, spec, conv_impl=conv_impl)
+    try:
+        checkpoint = eqx.tree_deserialise_leaves(io.BytesIO(file.arrays), like)
+    except Exception as error:  # equinox reports a shape, dtype or type mismatch as a RuntimeError with a path
+        cause = error.__cause__ or error
+        message = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        raise CheckpointError(f"checkpoint {arrays} does not fit this model ({config.env_id}): {message}") from None
+    if int(checkpoint.iteration) != file.metadata["iteration"]:
+        raise CheckpointError(f"checkpoint {file.path} is damaged: its arrays are of another iteration")
+    return checkpoint

@@ -1,0 +1,40 @@
+"""How this machine computes the Nature CNN's convolutions: ``conv_impl`` resolved to a route, once, at the edge
+(the ``Trainer``, the command line, the bench scripts), which then passes the route in. Never while a model is
+built or a checkpoint is loaded: finding out whether the CPU kernel runs here may build it (a C++ compile whose
+library is cached in ``$PPO_EQX_CACHE``)."""
+
+import jax
+
+from ..config import ConvImpl
+from ..core import cpu_kernel
+from ..core.networks import ConvRoute
+from ..errors import ConfigError
+
+
+def kernel_unavailable_reason() -> str | None:
+    """Why the "kernel" route cannot run here (the backend is not the CPU, or the kernel does not build), or
+    None when it can."""
+    if jax.default_backend() != "cpu":
+        return f"the CPU kernel runs on the CPU backend only, not {jax.default_backend()!r}"
+    try:
+        cpu_kernel.load()
+    except cpu_kernel.KernelUnavailable as error:
+        return str(error)
+    return None
+
+
+def resolve_conv_impl(conv_impl: ConvImpl, obs_shape: tuple[int, ...]) -> ConvRoute:
+    """The route a model of observations ``obs_shape`` takes for ``conv_impl``. "auto", for frames, is "xla" off
+    the CPU backend and, on it, "kernel" where the kernel builds (``cpu_kernel.available()``), else "matmul"; for
+    vectors, which have no convolutions, "matmul". "kernel" where it cannot run is a ConfigError naming why. Any
+    other value is itself."""
+    if conv_impl not in ("auto", "kernel") or len(obs_shape) != 3:
+        return "matmul" if conv_impl == "auto" else conv_impl
+    if conv_impl == "auto":
+        if jax.default_backend() != "cpu":
+            return "xla"
+        return "kernel" if cpu_kernel.available() else "matmul"
+    reason = kernel_unavailable_reason()
+    if reason is not None:
+        raise ConfigError(f"conv_impl='kernel' is unavailable: {reason}; allowed: auto, matmul or xla")
+    return "kernel"

@@ -1,0 +1,157 @@
+"""Play whole games with a trained model on envs of its own, and report the true game score."""
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import PRNGKeyArray
+
+from ..config import PPOConfig
+from ..core._types import EpisodeStats
+from ..core.envs import backend, derived_seeds
+from ..core.networks import ActorCritic
+from ..core.rollout import RolloutCarry, init_episode_stats, sample_actions, update_episode_stats
+
+EVAL_STREAM = 2**32 - 1
+"""Second word of the SeedSequence entropy of evaluation envs; training's segments use the iteration there."""
+
+MAX_ENVS = 16
+"""Envs played at once; each plays its share of the episodes, so that short games are not favoured."""
+
+
+class Evaluation(NamedTuple):
+    """Return (raw game score summed over all lives) and length in env steps of each episode, env-major."""
+
+    returns: list[float]
+    lengths: list[int]
+
+
+def eval_env_seeds(seed: int, num_envs: int) -> list[int]:
+    """Seeds of the evaluation envs: apart from every segment of training that shares ``seed``."""
+    return derived_seeds(seed, EVAL_STREAM, num_envs)
+
+
+def episode_quotas(episodes: int, num_envs: int) -> list[int]:
+    """How many episodes each env plays: ``episodes`` in all, as even as can be."""
+    return [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]
+
+
+def evaluate(
+    model: ActorCritic,
+    config: PPOConfig,
+    *,
+    episodes: int,
+    greedy: bool = False,
+    on_frame: Callable[[np.ndarray], None] | None = None,
+    seed: int,
+    key: PRNGKeyArray,
+) -> Evaluation:
+    """Play ``episodes`` games of ``config.env_id`` with ``model``'s policy (sampled, or its argmax if ``greedy``).
+
+    The envs are made as in training (Atari: episodic lives, clipped rewards) but seeded from ``seed`` apart
+    from training's; an episode's return is the unclipped score summed until the game is over (all lives
+    spent) or truncated, as training's ``episodic_return``. ``on_frame`` receives the screen
+    (``[H, W, 3]`` uint8) before the first step and after every step of env 0's first game.
+    """
+    if episodes < 1:
+        raise ValueError(f"episodes={episodes} must be at least 1")
+    num_envs = min(episodes, MAX_ENVS)
+    quotas = episode_quotas(episodes, num_envs)
+    pool = backend(config.env_backend).make(config.env_id, eval_env_seeds(seed, num_envs), render=on_frame is not None)
+
+    @eqx.filter_jit
+    def act(model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Any, EpisodeStats]:
+        logits, _ = model(carry.obs)
+        if greedy:
+            action = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        else:
+            action = sample_actions(key, logits)
+        handle, out = pool.step(carry.handle, action)
+        stats = update_episode_stats(carry.stats, out)
+        return RolloutCarry(handle, out.obs, stats), out.game_over, stats
+
+    carry = RolloutCarry(pool.handle, jnp.asarray(pool.first_obs), init_episode_stats(num_envs))
+    finished: list[list[tuple[float, int]]] = [[] for _ in range(num_envs)]
+    recording = on_frame is not None
+    if on_frame is not None:
+        on_frame(pool.render(0))
+    while any(len(done) < quota for done, quota in zip(finished, quotas, strict=True)):
+        key, step_key = jax.random.split(key)
+        carry, game_over, stats = act(model, carry, step_key)
+        over = np.asarray(game_over)
+        if recording and on_frame is not None:
+            on_frame(pool.render(0))
+            recording = not over[0]
+        if over.any():
+            returns, lengths = np.asarray(stats.returned_episode_returns), np.asarray(stats.returned_episode_lengths)
+            for i in np.flatnonzero(over):
+                if len(finished[i]) < quotas[i]:
+                    finished[i].append((float(returns[i]), int(lengths[i])))
+    pool.close()
+    games = [game for done in finished for game in done]
+    return Evaluation([r for r, _ in games], [n for _, n in games])
+
+
+def summarise(evaluation: Evaluation) -> dict[str, float]:
+    """Mean, (population) standard deviation, minimum and maximum of the returns; mean length."""
+    returns = np.asarray(evaluation.returns, np.float64)
+    return {
+        "mean_return": float(returns.mean()),
+        "std_return": float(returns.std()),
+        "min_return": float(returns.min()),
+        "max_return": float(returns.max()),
+        "mean_length": float(np.mean(evaluation.lengths)),
+    }
+
+
+VIDEO_FORMATS = {".mp4": ("av", "PyAV: pip install av"), ".gif": ("PIL", "Pillow: pip install pillow")}
+"""The video files ``VideoWriter`` writes, by suffix: the module each needs and how to install it."""
+
+
+class VideoWriter:
+    """Frames (``[H, W, 3]`` uint8) to an ``.mp4`` (H.264 through PyAV) or a ``.gif`` (Pillow): ``VIDEO_FORMATS``.
+
+    Both encode in this process: no ffmpeg subprocess is forked from the multithreaded JAX process.
+    An ``.mp4`` is streamed to disk frame by frame; a ``.gif`` is kept in memory until ``close()``.
+    """
+
+    def __init__(self, path: Path, fps: int):
+        self.path, self.fps = path, fps
+        self._frames: list[np.ndarray] = []
+        self._container: Any = None
+        self._stream: Any = None
+        if path.suffix.lower() not in VIDEO_FORMATS:
+            raise ValueError(f"video {path}: the name must end in {' or '.join(VIDEO_FORMATS)}")
+        if path.suffix.lower() == ".mp4":
+            import av
+
+            self._container = av.open(str(path), mode="w")
+
+    def append(self, frame: np.ndarray) -> None:
+        if self._container is None:
+            self._frames.append(frame)
+            return
+        import av
+
+        if self._stream is None:
+            self._stream = self._container.add_stream("libx264", rate=self.fps)
+            self._stream.height, self._stream.width = frame.shape[:2]
+            self._stream.pix_fmt = "yuv420p"
+        for packet in self._stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+            self._container.mux(packet)
+
+    def close(self) -> None:
+        if self._container is not None:
+            if self._stream is not None:
+                for packet in self._stream.encode():
+                    self._container.mux(packet)
+            self._container.close()
+        elif self._frames:
+            from PIL import Image
+
+            first, *rest = (Image.fromarray(frame) for frame in self._frames)
+            first.save(self.path, save_all=True, append_images=rest, duration=round(1000 / self.fps), loop=0)

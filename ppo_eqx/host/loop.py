@@ -1,0 +1,98 @@
+"""The host loop: dispatch iterations on a ``Trainer``, read each one's metrics as the next runs, and turn them
+into one record per agent (``run_seeds``; ``run`` for one agent, ``train`` from a config)."""
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..config import PPOConfig
+from ..core.iteration import FINITE
+from ..errors import NonFiniteError
+from .trainer import Trainer
+
+
+def train(config: PPOConfig, *, num_iterations: int | None = None) -> Iterator[dict[str, float]]:
+    """Train with ``config``, yielding one dict of host-side metrics per iteration (``run``); the trainer is closed
+    when the loop ends or is left. Use ``Trainer`` and ``run`` to keep the final state."""
+    with Trainer(config) as trainer:
+        yield from run(trainer, num_iterations=num_iterations)
+
+
+def run(trainer: Trainer, *, num_iterations: int | None = None) -> Iterator[dict[str, float]]:
+    """The host loop over ``trainer.step()``; stops after ``config.num_iterations`` in all (or
+    ``num_iterations``).
+
+    Each record holds ``iteration``, ``global_step``, ``sps`` (env steps per second of this iteration),
+    ``time_elapsed`` (seconds since the loop started, the first iteration's compile included) and the
+    iteration's metrics as floats. Raises NonFiniteError (naming the iteration) instead of yielding an
+    iteration whose loss or parameters are NaN or inf. For a single agent; ``run_seeds`` yields every agent's.
+    """
+    if trainer.config.num_agents != 1:
+        raise ValueError(f"run() is for one agent; use run_seeds() for num_agents={trainer.config.num_agents}")
+    for records in run_seeds(trainer, num_iterations=num_iterations):
+        yield records[0]
+
+
+def agent_records(config: PPOConfig, iteration: int, metrics: dict[str, Any], seconds: float) -> list[dict[str, Any]]:
+    """One host-side record per agent of an iteration's (fetched) metrics; ``seconds`` the iteration took."""
+    records = []
+    for agent in range(config.num_agents):
+        record: dict[str, Any] = {"iteration": iteration, "global_step": iteration * config.batch_size}
+        record["sps"] = config.batch_size / seconds
+        record.update({name: float(np.reshape(value, -1)[agent]) for name, value in metrics.items()})
+        records.append(record)
+    return records
+
+
+def run_seeds(
+    trainer: Trainer,
+    *,
+    num_iterations: int | None = None,
+    pause: Callable[[int], bool] | None = None,
+    time_offset: float = 0.0,
+) -> Iterator[list[dict[str, float]]]:
+    """``run`` for ``num_agents`` agents: one record per agent and iteration, each as a single run's.
+
+    An agent's ``global_step`` and ``sps`` count its own ``num_envs * num_steps`` steps per iteration;
+    ``time_elapsed`` starts at ``time_offset`` (the seconds a resumed run had trained before).
+
+    The loop never waits for the device between iterations: iteration k+1 is dispatched before k's metrics
+    are read, unless ``pause(k)`` is True (the caller will read the state after k: a checkpoint), in which case
+    ``trainer.state`` is that of iteration k when k's records are yielded. Otherwise it may be one ahead
+    (``trainer.iteration``): keep iterating to receive that iteration's records.
+    """
+    config, pause = trainer.config, pause or (lambda iteration: False)
+    start = last = time.perf_counter()
+    total = config.num_iterations if num_iterations is None else num_iterations
+    pending = trainer.step() if trainer.iteration < total else None
+    while pending is not None:
+        iteration = trainer.iteration
+        # When iteration k ended: before k+1 is dispatched if k is done by then (a backend that ran it within its
+        # dispatch, as XLA:CPU does with EnvPool's step), else once its metrics arrive.
+        before_ahead = time.perf_counter()
+        done = all(leaf.is_ready() for leaf in jax.tree.leaves(pending))
+        ahead = trainer.step() if iteration < total and not pause(iteration) else None
+        metrics = jax.device_get(pending)
+        finite = np.asarray(metrics.pop(FINITE)).all()
+        now = before_ahead if done else time.perf_counter()
+        records = agent_records(config, iteration, metrics, now - last)
+        for record in records:
+            record["time_elapsed"] = now - start + time_offset
+        last = now
+        _check_finite(config, iteration, records, bool(finite))
+        yield records
+        pending = ahead if ahead is not None else trainer.step() if trainer.iteration < total else None
+
+
+def _check_finite(config: PPOConfig, iteration: int, records: list[dict[str, Any]], finite: bool) -> None:
+    names = config.agent_names()
+    for agent, record in enumerate(records):
+        if not math.isfinite(record["loss"]):
+            which = f" of agent {names[agent]}" if config.num_agents > 1 else ""
+            raise NonFiniteError(f"the loss{which} is {record['loss']} at iteration {iteration}", record, records)
+    if not finite:
+        raise NonFiniteError(f"the parameters are not finite after iteration {iteration}", records[0], records)

@@ -1,0 +1,229 @@
+"""The run directory's one owner: its file names and layout, the atomic write, and the checks of a run directory
+before anything is written to it (refused with ``errors.RunDirError``). No jax here: files and paths only.
+
+Layout of ``RUN_DIR`` (one agent)::
+
+    config.json       the PPOConfig of the run
+    hardware.json     the machine, package versions and the convolutions' route (conv_impl)
+    metrics.jsonl     one JSON object per iteration
+    summary.json      written when the run finishes
+    events.out.tfevents.*   TensorBoard
+    checkpoints/      iter_NNNNNN.eqx (arrays) beside iter_NNNNNN.json (metadata)
+    eval.json         written by ``ppo-eqx eval``
+    wandb.json        the Weights & Biases run id, with --track
+
+A run of several agents (``--num-seeds S``, ``--sweep``) holds ``seeds.json`` (its config) instead of
+``config.json``, the checkpoints of all agents, and one such directory per agent: ``seedK/``, or under a sweep
+``SETTING/seedK/`` with the setting written as its flags (``learning-rate=0.001,ent-coef=0.01/seed1/``). Those are
+the runs that readers of run directories find.
+"""
+
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..config import AGENT_PREFIX
+from ..errors import RunDirError
+
+CONFIG = "config.json"
+SEEDS_CONFIG = "seeds.json"
+HARDWARE = "hardware.json"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+EVAL = "eval.json"
+WANDB = "wandb.json"
+CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_GLOB = "events.out.tfevents.*"
+
+RUN_FILES = (CONFIG, HARDWARE, METRICS, SUMMARY, EVAL, WANDB)
+"""The files a run writes at its top (besides TensorBoard's events and the checkpoints)."""
+MARKERS = (CONFIG, SEEDS_CONFIG, METRICS, CHECKPOINT_DIR)
+"""Any of these makes a directory hold a run (which a new run must not write into unless told to)."""
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, fsync it and rename it over ``path``; on any failure
+    remove the temporary file and leave ``path`` as it was. A crash leaves the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def json_bytes(data: Any) -> bytes:
+    """``data`` as the JSON the run directory holds (indented, no NaN: a ValueError before anything is written)."""
+    return (json.dumps(data, indent=2, allow_nan=False) + "\n").encode()
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON atomically (``write_atomic``)."""
+    write_atomic(path, json_bytes(data))
+
+
+def agent_dirs(run_dir: Path, names: Sequence[str]) -> list[Path]:
+    """Where each agent's run is written: ``run_dir`` itself for one agent, else ``run_dir/NAME`` for each of the
+    agents' names (``PPOConfig.agent_names``: ``seedK``, ``SETTING/seedK``)."""
+    if len(names) == 1:
+        return [run_dir]
+    return [run_dir / name for name in names]
+
+
+def _is_agent_dir(path: Path) -> bool:
+    return path.is_dir() and path.name.startswith(AGENT_PREFIX) and path.name[len(AGENT_PREFIX) :].isdigit()
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds (part of) a run: any of ``MARKERS``."""
+    return run_dir.is_dir() and any((run_dir / name).exists() for name in MARKERS)
+
+
+def clear_run(run_dir: Path) -> None:
+    """Delete everything a run wrote in ``run_dir`` (agents' directories too); other files stay."""
+    for name in (*RUN_FILES, SEEDS_CONFIG):
+        (run_dir / name).unlink(missing_ok=True)
+    for events in run_dir.glob(TENSORBOARD_GLOB):
+        events.unlink()
+    shutil.rmtree(run_dir / CHECKPOINT_DIR, ignore_errors=True)
+    setting_dirs = [path for path in run_dir.glob("*=*") if path.is_dir()]
+    for agent in [*run_dir.glob(f"{AGENT_PREFIX}*"), *(a for s in setting_dirs for a in s.glob(f"{AGENT_PREFIX}*"))]:
+        if _is_agent_dir(agent) and holds_run(agent):
+            clear_run(agent)
+            if not any(agent.iterdir()):
+                agent.rmdir()
+    for setting in setting_dirs:
+        if not any(setting.iterdir()):
+            setting.rmdir()
+
+
+def truncate_metrics(path: Path, last_iteration: int) -> int:
+    """Keep the rows of ``metrics.jsonl`` up to ``last_iteration`` (and none that a kill cut short); atomic.
+
+    Returns the number of rows kept.
+    """
+    kept = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("iteration"), int) and row["iteration"] <= last_iteration:
+                kept.append(line + "\n")
+    write_atomic(path, "".join(kept).encode())
+    return len(kept)
+
+
+MAX_PATH = 4096
+MAX_NAME = 255
+
+
+def path_problem(text: str) -> str | None:
+    """What makes ``text`` no path at all (empty, a NUL character, too long), said for a message; else None."""
+    if not text:
+        return "is empty; allowed: a path"
+    if "\0" in text:
+        return "holds a NUL character; allowed: a path"
+    if len(text) > MAX_PATH or any(len(part) > MAX_NAME for part in text.split("/")):
+        return f"is too long; allowed: {MAX_PATH} characters, {MAX_NAME} per name"
+    return None
+
+
+def check_path(flag: str, path: Path) -> None:
+    """RunDirError unless ``path`` could be a file or directory to write: a path (``path_problem``; ``Path("")``
+    reads as "."), and no part of it an existing file (a path "inside a file")."""
+    text = str(path)
+    problem = path_problem("" if text == "." else text)
+    if problem is not None:
+        raise RunDirError(f"{flag} {text[:60]} {problem}" if text != "." else f"{flag} {problem}")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise RunDirError(f"{flag} {path}: {parent} is a file, not a directory")
+
+
+def run_file(path: Path, run_dir: Path) -> str | None:
+    """The name of ``run_dir``'s own file that ``path`` is (or lies in), else None (``eval.json`` excepted)."""
+    try:
+        relative = path.resolve().relative_to(run_dir.resolve())
+    except ValueError:
+        return None
+    name = relative.parts[0] if relative.parts else "."
+    own = name in (*RUN_FILES, SEEDS_CONFIG, CHECKPOINT_DIR, ".") or Path(name).match(TENSORBOARD_GLOB)
+    return None if name == EVAL else name if own else None
+
+
+def _check_not_in_a_run(flag: str, path: Path) -> None:
+    """RunDirError if ``path`` is, or lies in, one of the own files of a run in a directory above it."""
+    for parent in path.resolve().parents:
+        own = run_file(path, parent) if holds_run(parent) else None
+        if own is not None:
+            raise RunDirError(f"{flag} {path} is in the {own} of the run in {parent}; allowed: a path of its own")
+
+
+def check_output(flag: str, path: Path, run_dir: Path) -> None:
+    """RunDirError unless ``path`` can be written by ``ppo-eqx eval``: a writable place that is not a
+    directory and not one of the run's own files (``eval.json`` is eval's own)."""
+    check_path(flag, path)
+    if path.is_dir():
+        raise RunDirError(f"{flag} {path} is a directory; allowed: a file name")
+    own = run_file(path, run_dir)
+    if own is not None:
+        raise RunDirError(f"{flag} {path} is the run's own {own}; allowed: another file")
+    _check_not_in_a_run(flag, path)
+    parent = path.parent
+    if not parent.is_dir():
+        raise RunDirError(f"{flag} {path}: no directory {parent}")
+    if not os.access(parent, os.W_OK):
+        raise RunDirError(f"{flag} {path}: {parent} is not writable")
+
+
+def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """RunDirError unless a new run may be written to ``run_dir`` (nothing is written or created here)."""
+    check_path("--run-dir", run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"--run-dir {run_dir} is a file, not a directory")
+    # A run among another run's own files (its checkpoints/) would go with them when that run is overwritten.
+    _check_not_in_a_run("--run-dir", run_dir)
+    if holds_run(run_dir) and not overwrite:
+        raise RunDirError(
+            f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it "
+            f"or --resume {run_dir} to continue it"
+        )
+    existing = next((p for p in (run_dir, *run_dir.parents) if p.exists()), Path("."))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunDirError(f"--run-dir {run_dir} is not writable: {existing} is not writable")
+
+
+def make_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """Create ``run_dir`` (and its parents) and, with ``overwrite``, clear the run it holds: call only once
+    every input has been checked."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise RunDirError(f"--run-dir {run_dir} is not writable: {error.strerror}") from None
+    if overwrite and holds_run(run_dir):
+        clear_run(run_dir)

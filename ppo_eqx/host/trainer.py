@@ -1,0 +1,177 @@
+"""The ``Trainer``: it composes an env backend (``core.envs.EnvBackend``: makes the pools), a collector
+(``core.collect``: turns a pool into batches) and a placement (``placement.OneDevice``, or
+``mesh.MeshPlacement``: where the iteration runs), and owns the envs of a run, segment by segment.
+
+The envs of a run live in segments of ``config.checkpoint_every`` iterations: each segment's envs are made
+afresh and seeded from (seed, first iteration of the segment) alone, so a run restored from a checkpoint at a
+segment boundary goes on exactly as the uninterrupted run did.
+
+With ``config.num_agents`` A > 1 the program trains A independent agents (``num_seeds`` seeds of each setting of
+``config.sweep``) on one pool of ``A * num_envs`` envs: agent k's envs are those of the single run of
+``config.agent_configs()[k]``, and agent k computes what that run computes, up to float rounding (see README).
+"""
+
+import concurrent.futures
+import time
+from types import TracebackType
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from ..config import PPOConfig
+from ..core.collect import Collector, async_collector, sync_collector
+from ..core.envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend, segment_env_seeds
+from ..core.iteration import Metrics
+from ..core.networks import ConvRoute
+from ..core.state import Checkpoint, fresh_episodes
+from .checkpoint import init_checkpoint
+from .conv_route import resolve_conv_impl
+from .placement import EnvShare, OneDevice, Placement, Program
+
+
+def pool_env_seeds(config: PPOConfig, iteration: int) -> list[int]:
+    """Seeds of the ``num_agents * num_envs`` envs of one pool that play from ``iteration`` on: agent k's
+    ``num_envs`` envs come k-th, with the seeds that its single run (``config.agent_configs()[k]``) gives them."""
+    return [s for agent in config.agent_configs() for s in segment_env_seeds(agent.seed, iteration, config.num_envs)]
+
+
+def make_collector(
+    env_backend: EnvBackend, config: PPOConfig, seeds: list[int], share: EnvShare
+) -> tuple[Pool | AsyncPool, Collector]:
+    """A pool of ``seeds`` envs and its collector: EnvPool's async one when ``config.async_batch_size`` > 0."""
+    if config.async_batch_size:
+        pool = env_backend.make_async(config.env_id, seeds, config.async_batch_size)
+        return pool, async_collector(pool, num_steps=config.num_steps)
+    pool = env_backend.make(config.env_id, seeds)
+    collector = sync_collector(
+        pool, num_steps=config.num_steps, num_agents=config.num_agents, first_env=share.first, total_envs=share.total
+    )
+    return pool, collector
+
+
+class _Segment(NamedTuple):
+    """The envs that play from iteration ``start`` on, their collector and the program compiled for them."""
+
+    start: int
+    pool: Pool | AsyncPool
+    collector: Collector
+    program: Program
+
+
+class Trainer:
+    """Owns the envs and the compiled iteration; ``state`` is the only thing that changes.
+
+    ``step()`` runs one iteration. After every ``config.checkpoint_every``-th iteration (but the last) the envs
+    are replaced by new ones seeded from (seed, iteration) and reset; the running episodes are dropped from the
+    statistics. The next segment's envs are made in a background thread while the current segment runs. Where
+    the backend ``rebinds`` (ALE), the compiled iteration drives them; EnvPool's XLA call is bound to one pool,
+    so there each segment has its own compiled iteration, compiled in that thread too. Each is traced once: a
+    retrace (a changed shape or dtype in the state) raises instead of silently recompiling.
+
+    ``restore`` continues from a checkpoint: its model (with the convolutions it was loaded with), optimizer
+    state, key, iteration and finished-episode statistics, with the envs of the segment that starts at its
+    iteration. ``conv_impl`` is how a fresh model computes its convolutions (default: ``config.conv_impl``
+    resolved here, ``resolve_conv_impl``); ``trainer.conv_impl`` is what the model computes. ``placement`` says
+    where the iteration runs (default ``OneDevice()``; ``mesh.MeshPlacement`` for devices and hosts);
+    ``env_backend`` makes the envs (default: ``config.env_backend``'s). Use it as a context manager, or call
+    ``close()`` when done.
+    """
+
+    def __init__(
+        self,
+        config: PPOConfig,
+        *,
+        restore: Checkpoint | None = None,
+        placement: Placement | None = None,
+        env_backend: EnvBackend | None = None,
+        conv_impl: ConvRoute | None = None,
+    ):
+        self.config = config.validate()
+        self.backend = env_backend or backend(config.env_backend)
+        self.placement = placement or OneDevice()
+        self.spec: EnvSpec = self.backend.spec(config.env_id)
+        if restore is None:
+            conv_impl = conv_impl or resolve_conv_impl(config.conv_impl, self.spec.obs_shape)  # type: ignore[arg-type]
+            restore = init_checkpoint(config, self.spec, conv_impl=conv_impl)
+        self.conv_impl: ConvRoute = restore.model.conv_impl
+        # The compiled program donates the state it is given: place a copy, so that ``restore`` stays the caller's.
+        own: Checkpoint = jax.tree.map(lambda x: jnp.copy(x) if eqx.is_array(x) else x, restore)
+        self.iteration = int(own.iteration)
+        self._segment = self._make_segment(self.iteration)
+        placed = self.placement.place(own, self._segment.collector, config.agent_hyperparameters())
+        self.state = self._segment.program.prime(placed)
+        # The state's shapes and dtypes in arrays that are never donated: later segments compile against it.
+        self._example = jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_array(x) else x, self.state)
+        self._prefetch = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ppo-eqx-envs")
+        self._next: concurrent.futures.Future[_Segment] | None = None
+        self._prepare_after(self.iteration)
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _make_segment(self, start: int, program: Program | None = None) -> _Segment:
+        share = self.placement.share
+        seeds = pool_env_seeds(self.config, start)
+        if share.count is not None:
+            seeds = seeds[share.first : share.first + share.count]
+        pool, collector = make_collector(self.backend, self.config, seeds, share)
+        program = program or self.placement.program(collector, self.config.sizes)
+        return _Segment(start, pool, collector, program)
+
+    def _make_compiled_segment(self, start: int) -> _Segment:
+        if self.backend.rebinds:  # the program compiled for the first pool drives the new one: no compile
+            return self._make_segment(start, self._segment.program)
+        segment = self._make_segment(start)
+        segment.program.compile(self._example)
+        return segment
+
+    def _prepare_after(self, start: int) -> None:
+        """Make and compile the next segment's envs in the background, if the run gets there."""
+        every = self.config.checkpoint_every
+        next_start = (start // every + 1) * every
+        if next_start < self.config.num_iterations:
+            self._next = self._prefetch.submit(self._make_compiled_segment, next_start)
+
+    def compile(self) -> float:
+        """Compile the iteration ahead of the first step; returns the seconds it took."""
+        start = time.perf_counter()
+        self._segment.program.compile(self.state)
+        return time.perf_counter() - start
+
+    def step(self) -> Metrics:
+        """One iteration (dispatched, not waited for); new envs after every ``checkpoint_every``-th."""
+        self.state, metrics = self._segment.program(self.state)
+        self.iteration += 1
+        if self.iteration % self.config.checkpoint_every == 0 and self.iteration < self.config.num_iterations:
+            self._new_envs(self.iteration)
+        return metrics
+
+    def _new_envs(self, iteration: int) -> None:
+        if self._next is None:
+            raise RuntimeError(f"no envs were prepared for iteration {iteration}")
+        segment = self._next.result()
+        if segment.start != iteration:
+            raise RuntimeError(f"envs were prepared for iteration {segment.start}, not {iteration}")
+        old, self._segment, self._next = self._segment, segment, None
+        carry = segment.collector.carry(fresh_episodes(self.state.carry.stats))
+        self.state = segment.program.prime(eqx.tree_at(lambda s: s.carry, self.state, carry))
+        old.pool.close()
+        self._prepare_after(iteration)
+
+    def checkpoint(self) -> Checkpoint:
+        """The state to save now; the next ``step()`` donates its arrays, so save it before."""
+        return self.placement.checkpoint(self.state)
+
+    def close(self) -> None:
+        """Stop preparing envs (waiting for a compile under way) and let the worker thread go."""
+        if self._next is not None:
+            self._next.cancel()
+            self._next = None
+        self._prefetch.shutdown(wait=True)
