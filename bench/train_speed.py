@@ -45,7 +45,7 @@ from _common import (
     write_results,
 )
 
-from ppo_eqx import Trainer, make_async_pool, make_pool, run
+from ppo_eqx import Trainer, make_async_pool, make_optimizer, make_pool, run
 
 
 def parse_args() -> argparse.Namespace:
@@ -117,7 +117,7 @@ def main() -> None:
         spec = pool.spec
         env_sps = env_only_sps(pool.step, pool.handle, spec.num_actions, config.num_steps, config.num_envs, repeats=5)
     pool.close()
-    ceilings = model_flops(config, spec, trainer.optimizer)
+    ceilings = model_flops(config, spec, make_optimizer(config.agent_hyperparameters(), config.sizes))
     matmul_after, blas_after = matmul_rate(), blas_matmul_rate()
     xla_gflops, blas_gflops = max(matmul_before, matmul_after) / 1e9, max(blas_before, blas_after) / 1e9
     ceilings.update(matmul_gflops=blas_gflops if args.isa else xla_gflops, env_only_sps=env_sps)
