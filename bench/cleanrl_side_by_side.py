@@ -278,6 +278,20 @@ def conv_route(python: str, env: dict[str, str], conv_impl: str) -> dict[str, An
     return {"conv_impl": conv_impl, "resolved": resolved, "reads_kernel_isa_variable": reads_variable == "True"}
 
 
+def ppo_eqx_environment(python: str, env: dict[str, str], conv_impl: str) -> dict[str, Any]:
+    """Where ppo-eqx's figures hold (bench/_common.py's ``environment``), as ppo-eqx's process sees it: its
+    XLA_FLAGS, its convolution route and the ISA its kernel is built for under ``env``."""
+    code = (
+        "import json, jax\n"
+        "from ppo_eqx import resolve_conv_impl\n"
+        "from ppo_eqx.cli.hardware import hardware_info\n"
+        f"info = hardware_info(resolve_conv_impl({conv_impl!r}, (4, 84, 84)))\n"
+        "info['backend'] = jax.default_backend()\n"
+        "print(json.dumps(info))"
+    )
+    return json.loads(python_output(python, code, env).splitlines()[-1])
+
+
 def avx2_caveat(isa: str, route: dict[str, Any]) -> str | None:
     """Why an ``--isa avx2`` figure of ppo-eqx is not an AVX2 one, or None when it is."""
     if isa == "avx2" and route["resolved"] == "kernel" and not route["reads_kernel_isa_variable"]:
@@ -419,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         },
         "ppo_eqx_commit": git_commit(),
         "ppo_eqx_conv_route": conv_route(str(args.ppo_eqx_python), ppo_eqx_env, args.conv_impl),
+        "environment": ppo_eqx_environment(str(args.ppo_eqx_python), ppo_eqx_env, args.conv_impl),
         "cleanrl_script": str(args.cleanrl_script.resolve()),
         "cleanrl_versions": package_versions(str(args.cleanrl_python), cleanrl_env, versions),
         "ppo_eqx_versions": package_versions(str(args.ppo_eqx_python), ppo_eqx_env, versions),
