@@ -463,10 +463,8 @@ def assert_intact(run: Path, rows_at_least: int) -> None:
 
 
 def disk_fills_under_tensorboard(monkeypatch, *, after_iteration: int) -> None:
-    """TensorBoard's record writer fails with ENOSPC once the metrics of ``after_iteration`` are written."""
-    from tensorboardX.record_writer import RecordWriter
-
-    real_record_write, real_run_write = RecordWriter.write, writers.RunWriter.write
+    """TensorBoard's events file fails with ENOSPC once the metrics of ``after_iteration`` are written."""
+    real_record_write, real_run_write = writers.EventsFile.write_record, writers.RunWriter.write
     full = []
 
     def record_write(self, data):
@@ -479,12 +477,12 @@ def disk_fills_under_tensorboard(monkeypatch, *, after_iteration: int) -> None:
         if record["iteration"] >= after_iteration:
             full.append(record["iteration"])
 
-    monkeypatch.setattr(RecordWriter, "write", record_write)
+    monkeypatch.setattr(writers.EventsFile, "write_record", record_write)
     monkeypatch.setattr(writers.RunWriter, "write", run_write)
 
 
 def test_a_full_disk_under_tensorboard_stops_with_one_line(tmp_path, capsys, monkeypatch, watchdog):
-    disk_fills_under_tensorboard(monkeypatch, after_iteration=1)  # its events of the first iteration on may be lost
+    disk_fills_under_tensorboard(monkeypatch, after_iteration=1)  # the second iteration's events fail
     run = tmp_path / "run"
     capsys.readouterr()
     code = main(["train", *FOUR_ITERATIONS, "--checkpoint-every", "1", "--no-progress", "--run-dir", str(run)])
@@ -528,7 +526,7 @@ def test_a_full_disk_under_metrics_jsonl_stops_with_one_line(tmp_path, capsys, m
 
 
 def test_a_full_disk_under_tensorboard_in_the_last_iteration_is_not_done(tmp_path, capsys, monkeypatch, watchdog):
-    disk_fills_under_tensorboard(monkeypatch, after_iteration=2)  # the last
+    disk_fills_under_tensorboard(monkeypatch, after_iteration=1)  # the last iteration's events fail
     run = tmp_path / "run"
     code = main(["train", *TINY, "--no-progress", "--run-dir", str(run)])
     assert code == 1

@@ -14,7 +14,6 @@ from .run_files import BATCH, interrupted_copy, iterations, metrics_rows, snapsh
 
 pytestmark = pytest.mark.subprocess
 
-ISSUE = pytest.mark.xfail(strict=True, reason="issue 23")
 TAGS = {"losses/value_loss": "value_loss", "losses/entropy": "entropy"}
 """TensorBoard tags (CleanRL's) and the metrics.jsonl fields they plot."""
 
@@ -55,11 +54,7 @@ def stages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Stage]:
 @pytest.mark.parametrize("tag", list(TAGS))
 @pytest.mark.parametrize(
     "moment",
-    [
-        pytest.param("killed", marks=ISSUE),
-        pytest.param("killed-again", marks=ISSUE),
-        pytest.param("finished", marks=ISSUE),
-    ],
+    ["killed", "killed-again", "finished"],
 )
 def test_tensorboard_shows_every_iteration_that_metrics_has(stages: dict[str, Stage], moment: str, tag: str) -> None:
     rows, points = stages[moment].rows, stages[moment].points[tag]
@@ -99,8 +94,6 @@ DAMAGES = [
     "rows-out-of-order",
     "file-missing",
 ]
-REPAIRED_TODAY = {"garbage-line-in-the-middle", "row-beyond-the-checkpoint"}
-"""Damages that today's resume (1a886d4) already repairs: regression cases, not marked."""
 
 
 class Resumed(NamedTuple):
@@ -128,7 +121,7 @@ def resumed(cli_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
         return dict(zip(DAMAGES, pool.map(resume, DAMAGES), strict=True))
 
 
-@pytest.mark.parametrize("how", [pytest.param(how, marks=() if how in REPAIRED_TODAY else ISSUE) for how in DAMAGES])
+@pytest.mark.parametrize("how", DAMAGES)
 def test_a_damaged_metrics_file_is_refused_or_repaired_never_extended(resumed: dict[str, Resumed], how: str) -> None:
     result = resumed[how]
     if result.code == 2:  # refused: one line, nothing changed
