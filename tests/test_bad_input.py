@@ -398,10 +398,17 @@ def test_bad_input_creates_nothing_so_the_corrected_retry_runs(tmp_path, capsys)
     assert (run / "checkpoints" / "iter_000002.json").is_file()
 
 
+def run_files(run: Path) -> list[str]:
+    """The names in ``run`` besides the lock and the manifest, which every run directory holds (both checked)."""
+    names = sorted(p.name for p in run.iterdir())
+    assert {".ppo-eqx.lock", ".ppo-eqx-manifest.jsonl"} <= set(names), names
+    return [name for name in names if not name.startswith(".ppo-eqx")]
+
+
 def test_overwrite_of_a_seeds_run_by_one_seed_clears_the_old_agents(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *TINY, *QUIET, "--num-seeds", "2", "--run-dir", str(run)]) == 0
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "seed1", "seed2", "seeds.json"]
+    assert run_files(run) == ["checkpoints", "seed1", "seed2", "seeds.json"]
     before = snapshot(run)
     # A bad overwrite keeps both agents; eval refuses the two-agent checkpoint without writing.
     assert main(["train", *TINY, *QUIET, "--gamma", "2", "--run-dir", str(run), "--overwrite"]) == 2
@@ -411,7 +418,7 @@ def test_overwrite_of_a_seeds_run_by_one_seed_clears_the_old_agents(tmp_path, ca
     assert snapshot(run) == before
     # A good one replaces the seeds' run whole: no seedK/ left to be read as a run of its own.
     assert main(["train", *TINY, *QUIET, "--run-dir", str(run), "--overwrite"]) == 0
-    assert sorted(p.name for p in run.iterdir()) == [
+    assert run_files(run) == [
         "checkpoints",
         "config.json",
         "hardware.json",

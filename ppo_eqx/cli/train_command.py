@@ -71,16 +71,15 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
     if plan.resume is None and one_process:  # several: process 0 checks once all have joined (below)
         refuse_if_held(plan.run_dir)  # a run that started meanwhile is named, not just found
         check_run_dirs(plan, args.overwrite)
+    if _finished(plan):  # nothing to take: the lock file is left as it is too
+        return 0
     lock = None
     if plan.resume is not None and one_process:  # the run is read again under its lock: it may have gone on
         lock = RunLock.take(plan.run_dir, "ppo-eqx train --resume")
     try:
         if lock is not None:
             plan = plan_resume(args)
-        if plan.start_iteration >= plan.config.num_iterations:
-            print(
-                f"ppo-eqx: {plan.run_dir} finished at iteration {plan.start_iteration}; nothing to resume", flush=True
-            )
+        if _finished(plan):
             return 0
         mesh = start_processes(args, probe)
         route = conv_route(plan.config)
@@ -108,6 +107,14 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
     finally:
         if lock is not None:
             lock.release()
+
+
+def _finished(plan: Plan) -> bool:
+    """Whether the run to resume has trained all its iterations (then it says so)."""
+    if plan.start_iteration < plan.config.num_iterations:
+        return False
+    print(f"ppo-eqx: {plan.run_dir} finished at iteration {plan.start_iteration}; nothing to resume", flush=True)
+    return True
 
 
 def _load(plan: Plan, route: ConvRoute) -> Checkpoint:
