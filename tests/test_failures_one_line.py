@@ -187,6 +187,7 @@ def results(cli_run: Path, tmp_path_factory: pytest.TempPathFactory, request: py
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.xdist_group("one-line-results")
 def test_bad_input_is_one_line_exit_2_and_nothing_written(results: Results, name: str) -> None:
     case, result = CASES[name], results.by_case[name]
     directory = case_dir(results.root, name)

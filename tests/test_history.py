@@ -56,6 +56,7 @@ def stages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Stage]:
     "moment",
     ["killed", "killed-again", "finished"],
 )
+@pytest.mark.xdist_group("history-stages")
 def test_tensorboard_shows_every_iteration_that_metrics_has(stages: dict[str, Stage], moment: str, tag: str) -> None:
     rows, points = stages[moment].rows, stages[moment].points[tag]
     assert [step for step, _ in points] == [row["global_step"] for row in rows]
@@ -63,6 +64,7 @@ def test_tensorboard_shows_every_iteration_that_metrics_has(stages: dict[str, St
 
 
 @pytest.mark.parametrize("moment", ["killed", "killed-again", "finished"])
+@pytest.mark.xdist_group("history-stages")
 def test_metrics_has_each_iteration_once_in_order_after_kills(stages: dict[str, Stage], moment: str) -> None:
     steps = [row["global_step"] for row in stages[moment].rows]
     assert steps == [BATCH * i for i in range(1, len(steps) + 1)]
@@ -122,6 +124,7 @@ def resumed(cli_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 
 
 @pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.xdist_group("history-resumed")
 def test_a_damaged_metrics_file_is_refused_or_repaired_never_extended(resumed: dict[str, Resumed], how: str) -> None:
     result = resumed[how]
     if result.code == 2:  # refused: one line, nothing changed

@@ -143,6 +143,7 @@ with different leading axis sizes") without being a check of it."""
 
 
 @pytest.mark.parametrize("name", list(BAD))
+@pytest.mark.xdist_group("library-calls")
 def test_a_bad_call_raises_an_error_naming_the_argument(results: dict[str, dict], name: str) -> None:
     result, (_, words) = results[name], BAD[name]
     assert result["raised"] is not None, "returned without an error"
@@ -152,5 +153,6 @@ def test_a_bad_call_raises_an_error_naming_the_argument(results: dict[str, dict]
 
 
 @pytest.mark.parametrize("name", list(GOOD))
+@pytest.mark.xdist_group("library-calls")
 def test_a_good_call_still_works(results: dict[str, dict], name: str) -> None:
     assert results[name]["raised"] is None, results[name]

@@ -78,12 +78,14 @@ def single(cli_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Overwritt
         pytest.param("checkpoints/my-best.eqx", id="users-file-among-the-checkpoints"),
     ],
 )
+@pytest.mark.xdist_group("overwrite-single")
 def test_overwrite_keeps_what_the_old_run_did_not_write(single: Overwritten, kept: str) -> None:
     kept_before = {name: data for name, data in single.before.items() if Path(name).is_relative_to(kept)}
     assert kept_before  # the fixture made it
     assert {name: data for name, data in snapshot(single.run_dir).items() if name in kept_before} == kept_before
 
 
+@pytest.mark.xdist_group("overwrite-single")
 def test_overwrite_names_what_it_kept_in_one_line(single: Overwritten) -> None:
     lines = [line for line in single.output if "notes.txt" in line]
     assert len(lines) == 1, single.output
@@ -100,6 +102,7 @@ def test_overwrite_names_what_it_kept_in_one_line(single: Overwritten) -> None:
         pytest.param("summary", id="summary-is-the-new-runs"),
     ],
 )
+@pytest.mark.xdist_group("overwrite-single")
 def test_overwrite_deletes_what_the_old_run_wrote(single: Overwritten, check: str) -> None:
     run_dir, before = single.run_dir, single.before
     if check == "config":
@@ -136,6 +139,7 @@ def seeds(single: Overwritten, tmp_path_factory: pytest.TempPathFactory) -> Over
         pytest.param("seed3", True, id="independent-run-in-seed3-kept"),
     ],
 )
+@pytest.mark.xdist_group("overwrite-single")
 def test_overwriting_a_many_seed_run_deletes_its_agents_only(seeds: Overwritten, path: str, kept: bool) -> None:
     assert any(Path(name).is_relative_to(path) for name in seeds.before)
     after = snapshot(seeds.run_dir)

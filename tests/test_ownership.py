@@ -66,6 +66,7 @@ def holder(tmp_path_factory: pytest.TempPathFactory):
         yield Holder(child, run_dir, snapshot(run_dir))
 
 
+@pytest.mark.xdist_group("ownership-holder")
 def test_eval_reads_a_run_while_it_trains(holder: Holder) -> None:
     """Reading is not owning: eval plays the newest checkpoint of a run in training (and writes only eval.json)."""
     with Child(ppo_eqx("eval", str(holder.run_dir), "--episodes", "2")) as child:
@@ -84,6 +85,7 @@ def test_eval_reads_a_run_while_it_trains(holder: Holder) -> None:
         pytest.param(lambda run: ["train", "--resume", str(run), "--no-progress"], id="resume"),
     ],
 )
+@pytest.mark.xdist_group("ownership-holder")
 def test_a_second_train_while_one_trains_is_refused_naming_the_holder(holder: Holder, command) -> None:
     child = run_until_refused_or_started(ppo_eqx(*command(holder.run_dir)))
     line = refusal(child)
@@ -92,6 +94,7 @@ def test_a_second_train_while_one_trains_is_refused_naming_the_holder(holder: Ho
     assert snapshot(holder.run_dir) == holder.files
 
 
+@pytest.mark.xdist_group("ownership-holder")
 def test_the_training_run_finishes_intact_after_every_refusal(holder: Holder) -> None:
     """After the refusals above (and one more here, so that this test means the same when run alone)."""
     run_until_refused_or_started(ppo_eqx(*tiny(holder.run_dir, 3), "--overwrite"))
@@ -164,6 +167,7 @@ def reuse_pid(run_dir: Path, killed: Killed) -> None:
         pytest.param(reuse_pid, ["train", "--resume", "RUN", "--no-progress"], [1, 2], id="lock-names-a-live-pid"),
     ],
 )
+@pytest.mark.xdist_group("ownership-killed")
 def test_a_stale_lock_of_a_dead_run_does_not_stop_the_next(killed: Killed, tmp_path: Path, prepare, command, expected):
     run_dir = tmp_path / "run"
     shutil.copytree(killed.run_dir, run_dir)  # the copy keeps whatever the dead run left, lock files too
@@ -174,6 +178,7 @@ def test_a_stale_lock_of_a_dead_run_does_not_stop_the_next(killed: Killed, tmp_p
     assert iterations(run_dir) == expected
 
 
+@pytest.mark.xdist_group("ownership-killed")
 def test_the_lock_of_a_killed_run_names_its_process_and_host(killed: Killed) -> None:
     (lock,) = lock_files(killed.run_dir, killed.pid)
     assert HOST in lock.read_text()
