@@ -22,6 +22,8 @@ from ppo_eqx.cli import main
 from ppo_eqx.config import FIELD_CHOICES, FIELD_RANGES, INT32_MAX, PPOConfig
 from ppo_eqx.host.checkpoint import list_checkpoints, read_arrays, read_metadata
 
+from .run_files import listing
+
 pytestmark = pytest.mark.subprocess
 
 TINY = ["--env-id", "CartPole-v1", "--total-timesteps", "1024", "--num-envs", "4", "--num-steps", "128"]
@@ -271,7 +273,7 @@ def test_bad_train_input_exits_2_and_touches_nothing(argv, finished_run, tmp_pat
 
 
 def test_the_table_covers_every_train_flag():
-    from ppo_eqx.cli.main import build_parser
+    from ppo_eqx.cli.command_line import build_parser
 
     train = build_parser()._subparsers._group_actions[0].choices["train"]  # type: ignore[union-attr]
     flags = {option for action in train._actions for option in action.option_strings if option.startswith("--")}
@@ -398,17 +400,10 @@ def test_bad_input_creates_nothing_so_the_corrected_retry_runs(tmp_path, capsys)
     assert (run / "checkpoints" / "iter_000002.json").is_file()
 
 
-def run_files(run: Path) -> list[str]:
-    """The names in ``run`` besides the lock and the manifest, which every run directory holds (both checked)."""
-    names = sorted(p.name for p in run.iterdir())
-    assert {".ppo-eqx.lock", ".ppo-eqx-manifest.jsonl"} <= set(names), names
-    return [name for name in names if not name.startswith(".ppo-eqx")]
-
-
 def test_overwrite_of_a_seeds_run_by_one_seed_clears_the_old_agents(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *TINY, *QUIET, "--num-seeds", "2", "--run-dir", str(run)]) == 0
-    assert run_files(run) == ["checkpoints", "seed1", "seed2", "seeds.json"]
+    assert listing(run) == ["checkpoints", "seed1", "seed2", "seeds.json"]
     before = snapshot(run)
     # A bad overwrite keeps both agents; eval refuses the two-agent checkpoint without writing.
     assert main(["train", *TINY, *QUIET, "--gamma", "2", "--run-dir", str(run), "--overwrite"]) == 2
@@ -418,7 +413,7 @@ def test_overwrite_of_a_seeds_run_by_one_seed_clears_the_old_agents(tmp_path, ca
     assert snapshot(run) == before
     # A good one replaces the seeds' run whole: no seedK/ left to be read as a run of its own.
     assert main(["train", *TINY, *QUIET, "--run-dir", str(run), "--overwrite"]) == 0
-    assert run_files(run) == [
+    assert listing(run) == [
         "checkpoints",
         "config.json",
         "hardware.json",

@@ -13,7 +13,7 @@ def entry_point() -> None:
     from .interrupts import EARLY
 
     EARLY.install()
-    from .main import main
+    from .command_line import main
 
     code = main()
     # A Ctrl-C from here on would interrupt jax's exit hooks with a traceback: the run is over, ignore it.
@@ -23,7 +23,7 @@ def entry_point() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``ppo-eqx ARGV`` in this process (``main.main``): its exit status."""
-    from .main import main as run
+    """``ppo-eqx ARGV`` in this process (``command_line.main``): its exit status."""
+    from .command_line import main as run
 
     return run(argv)
