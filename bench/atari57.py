@@ -6,48 +6,79 @@
 Each run goes to SWEEP_DIR/<env_id>__seed<k>/ and its output to SWEEP_DIR/<env_id>__seed<k>.log. Runs are
 ordered seed-major (every game's first seed before any second seed), as CleanRL's benchmark utility does, so
 that a partial sweep covers all games. Resuming: a run directory holding summary.json is finished and
-skipped; one without it was interrupted and is run again with --overwrite. Arguments after `--` go to every
-train command. --dry-run prints the command lines, one per line, for GNU parallel or a Slurm array.
+skipped; one with a checkpoint was interrupted and goes on from it (`ppo-eqx train --resume`, with the config it
+was started with: config flags after `--` are left out of its command); one without a checkpoint starts again
+(--overwrite, which deletes only what that run wrote). Arguments after `--` go to every train command.
+--dry-run prints the command lines, one per line, for GNU parallel or a Slurm array.
 """
 
-import argparse
 import dataclasses
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from argparse import RawDescriptionHelpFormatter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the package
     sys.path.insert(0, str(REPO_ROOT))
 
-from ppo_eqx.host.rundir import SUMMARY  # noqa: E402
+from ppo_eqx.config import FIELD_TYPES, flag  # noqa: E402
+from ppo_eqx.host.rundir import CHECKPOINT_DIR, SUMMARY  # noqa: E402
+from ppo_eqx_bench.arguments import Parser, int_at_least  # noqa: E402
 from ppo_eqx_bench.atari_games import ATARI_57  # noqa: E402
 from ppo_eqx_bench.launch import StopRequest, child_env, train_command  # noqa: E402
 
 # Flags the runner sets itself; passing them after `--` would contradict the run directory's name.
 RUNNER_FLAGS = ("--env-id", "--seed", "--total-timesteps", "--run-dir")
 POLL_SECONDS = 0.2
+# A config flag after `--` and whether it takes a value (--num-envs 4; --anneal-lr and --no-anneal-lr do not).
+CONFIG_FLAGS = {flag(name): kind is not bool for name, kind in FIELD_TYPES.items()} | {
+    f"--no-{flag(name)[2:]}": False for name, kind in FIELD_TYPES.items() if kind is bool
+}
+
+
+def without_config_flags(extra: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``extra`` less its config flags (and their values), and those left out: a resumed run keeps its own."""
+    kept, dropped, takes_value = [], [], False
+    for arg in extra:
+        if takes_value:
+            dropped.append(arg)
+            takes_value = False
+            continue
+        name, equals, _ = arg.partition("=")
+        if name in CONFIG_FLAGS:
+            dropped.append(arg)
+            takes_value = CONFIG_FLAGS[name] and not equals
+        else:
+            kept.append(arg)
+    return kept, dropped
 
 
 @dataclasses.dataclass(frozen=True)
 class PlannedRun:
-    """One game x seed. interrupted: its directory exists without summary.json, so it needs --overwrite."""
+    """One game x seed. ``resumable``: its directory holds a checkpoint (goes on with --resume);
+    ``interrupted``: it exists without one (started again with --overwrite)."""
 
     env_id: str
     seed: int
     run_dir: Path
     interrupted: bool
+    resumable: bool = False
 
     @property
     def log_path(self) -> Path:
         return self.run_dir.with_name(self.run_dir.name + ".log")
 
     def train_args(self, total_timesteps: int, extra: Sequence[str]) -> list[str]:
-        """The arguments after the launcher: train --env-id ... [--overwrite] [extra...]."""
+        """The arguments after the launcher: train --resume RUN_DIR [extra less its config flags...], or
+        train --env-id ... [--overwrite] [extra...]."""
+        if self.resumable:
+            return ["train", "--resume", str(self.run_dir), *without_config_flags(extra)[0]]
         args = [
             "train",
             "--env-id",
@@ -76,19 +107,21 @@ def plan(games: Sequence[str], seeds: Sequence[int], sweep_dir: Path) -> tuple[l
             run_dir = sweep_dir / run_dir_name(env_id, seed)
             if (run_dir / SUMMARY).is_file():
                 finished.append(PlannedRun(env_id, seed, run_dir, interrupted=False))
+            elif any((run_dir / CHECKPOINT_DIR).glob("iter_*.json")):
+                todo.append(PlannedRun(env_id, seed, run_dir, interrupted=True, resumable=True))
             else:
                 todo.append(PlannedRun(env_id, seed, run_dir, interrupted=run_dir.exists()))
     return todo, finished
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+def parse_args(argv: Sequence[str]) -> tuple[Any, list[str]]:
     """The runner's own arguments, and those after the first `--` (for every train command)."""
     argv = list(argv)
     extra: list[str] = []
     if "--" in argv:
         split = argv.index("--")
         argv, extra = argv[:split], argv[split + 1 :]
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=RawDescriptionHelpFormatter)
     parser.add_argument(
         "--games",
         nargs="+",
@@ -96,9 +129,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         metavar="ENV_ID",
         help="EnvPool task ids (default: the 57 Atari games of ppo_eqx_bench.atari_games.ATARI_57)",
     )
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="(default: 1 2 3)")
-    parser.add_argument("--total-timesteps", type=int, default=10_000_000, help="steps per run (default: %(default)s)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at once (default: %(default)s)")
+    parser.add_argument("--seeds", nargs="+", type=int_at_least(0), default=[1, 2, 3], help="(default: 1 2 3)")
+    parser.add_argument(
+        "--total-timesteps", type=int_at_least(1), default=10_000_000, help="steps per run (default: %(default)s)"
+    )
+    parser.add_argument("--jobs", type=int_at_least(1), default=1, help="runs at once (default: %(default)s)")
     parser.add_argument(
         "--sweep-dir",
         type=Path,
@@ -117,10 +152,6 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         "`PYTHON -m ppo_eqx` with this interpreter when running)",
     )
     args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error(f"--jobs {args.jobs} must be at least 1")
-    if args.total_timesteps < 1:
-        parser.error(f"--total-timesteps {args.total_timesteps} must be positive")
     clashes = [arg for arg in extra if arg.split("=", 1)[0] in RUNNER_FLAGS]
     if clashes:
         parser.error(f"{', '.join(clashes)} after `--`: the runner sets {', '.join(RUNNER_FLAGS)} itself")
@@ -139,7 +170,7 @@ def _start(run: PlannedRun, command: list[str], env: dict[str, str]) -> subproce
             log.write(f"cannot start: {error}\n")
             print(f"{run.env_id} seed {run.seed}: FAILED to start: {error}", flush=True)
             return None
-    overwrite = " (--overwrite)" if run.interrupted else ""
+    overwrite = " (--resume)" if run.resumable else " (--overwrite)" if run.interrupted else ""
     print(f"start {run.env_id} seed {run.seed}{overwrite}: {shlex.join(command)}", flush=True)
     return process
 
@@ -210,13 +241,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         print(f"note: not among the 57 Atari games: {', '.join(unknown)}", file=sys.stderr)
     todo, skipped = plan(args.games, args.seeds, args.sweep_dir)
+    dropped = without_config_flags(extra)[1]
+    if dropped and any(run.resumable for run in todo):
+        print(
+            f"note: the runs resumed from a checkpoint go on with their own config; left out of their commands: "
+            f"{shlex.join(dropped)}",
+            file=sys.stderr,
+        )
     if args.dry_run:
         launcher = shlex.split(args.launcher) if args.launcher else ["ppo-eqx"]
         for run in todo:
             print(shlex.join(launcher + run.train_args(args.total_timesteps, extra)))
-        interrupted = sum(run.interrupted for run in todo)
+        resumed = sum(run.resumable for run in todo)
+        restarted = sum(run.interrupted and not run.resumable for run in todo)
         print(
-            f"# {len(todo)} to run ({interrupted} interrupted, with --overwrite), {len(skipped)} finished and skipped",
+            f"# {len(todo)} to run ({resumed} resumed from a checkpoint, {restarted} started again with --overwrite), "
+            f"{len(skipped)} finished and skipped",
             file=sys.stderr,
         )
         return 0

@@ -20,19 +20,22 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the
     sys.path.insert(0, str(REPO_ROOT))
 
 from ppo_eqx_bench import anchors, stats  # noqa: E402
+from ppo_eqx_bench.arguments import Parser, existing_path, int_at_least, out_dir_problem  # noqa: E402
 from ppo_eqx_bench.report import write_report  # noqa: E402
 
 ANCHORS_ENV = "PPO_EQX_ANCHORS"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description=__doc__,
         epilog="The conventions (final return, projection to 10M steps, HNS aggregates, intervals) are stated "
         "in report.md itself and in the docstring of ppo_eqx_bench/stats.py.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("paths", nargs="+", type=Path, help="run directories or sweep directories holding them")
+    parser.add_argument(
+        "paths", nargs="+", type=existing_path, help="run directories or sweep directories holding them"
+    )
     parser.add_argument("--out", type=Path, required=True, help="directory for report.md, report.json and plots")
     parser.add_argument(
         "--anchors",
@@ -49,20 +52,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     parser.add_argument(
         "--target-steps",
-        type=int,
+        type=int_at_least(1),
         default=stats.TARGET_STEPS,
         help="steps the minutes are compared at (default: %(default)s, the anchors')",
     )
     parser.add_argument(
-        "--resamples", type=int, default=stats.NUM_RESAMPLES, help="bootstrap resamples (default: %(default)s)"
+        "--resamples",
+        type=int_at_least(1),
+        default=stats.NUM_RESAMPLES,
+        help="bootstrap resamples (default: %(default)s)",
     )
     parser.add_argument(
         "--bootstrap-seed",
-        type=int,
+        type=int_at_least(0),
         default=stats.BOOTSTRAP_SEED,
         help="RNG seed of the bootstrap (default: %(default)s)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    problem = out_dir_problem("--out", args.out)  # before any run is read: the report must have a place to go
+    if problem is not None:
+        parser.error(problem)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,53 +12,61 @@ Resume with ``Trainer(config, restore=load_checkpoint(read_checkpoint(path), con
 ``evaluate``. The pure pieces compose without a Trainer: ``init_state`` and ``make_iteration`` (one jittable
 iteration), ``sync_collector``, ``rollout``, ``update``, ``ppo_loss``, ``compute_gae``, ``ActorCritic``. The layout:
 ``ppo_eqx.core`` the pure functions, ``ppo_eqx.host`` what runs them (trainer, loop, checkpoints), ``ppo_eqx.cli``
-the ``ppo-eqx`` program; everything here is re-exported from there.
+the ``ppo-eqx`` program; everything here is re-exported from there, imported when first used (so that
+``import ppo_eqx`` and the command line start without jax).
 """
 
-from .config import PPOConfig as PPOConfig
-from .core._types import Batch as Batch
-from .core._types import EnvOutput as EnvOutput
-from .core._types import EpisodeStats as EpisodeStats
-from .core._types import LossInfo as LossInfo
-from .core._types import Transition as Transition
-from .core.collect import Collector as Collector
-from .core.collect import async_collector as async_collector
-from .core.collect import sync_collector as sync_collector
-from .core.envs import AsyncPool as AsyncPool
-from .core.envs import EnvBackend as EnvBackend
-from .core.envs import EnvSpec as EnvSpec
-from .core.envs import Pool as Pool
-from .core.envs import env_spec as env_spec
-from .core.envs import make_async_pool as make_async_pool
-from .core.envs import make_pool as make_pool
-from .core.gae import compute_gae as compute_gae
-from .core.iteration import make_iteration as make_iteration
-from .core.iteration import make_prime as make_prime
-from .core.loss import model_loss as model_loss
-from .core.loss import ppo_loss as ppo_loss
-from .core.networks import ActorCritic as ActorCritic
-from .core.rollout import RolloutCarry as RolloutCarry
-from .core.rollout import init_episode_stats as init_episode_stats
-from .core.rollout import rollout as rollout
-from .core.state import Checkpoint as Checkpoint
-from .core.state import TrainState as TrainState
-from .core.update import make_optimizer as make_optimizer
-from .core.update import update as update
-from .errors import CheckpointError as CheckpointError
-from .errors import ConfigError as ConfigError
-from .errors import NonFiniteError as NonFiniteError
-from .host.checkpoint import load_checkpoint as load_checkpoint
-from .host.checkpoint import read_checkpoint as read_checkpoint
-from .host.checkpoint import save_checkpoint as save_checkpoint
-from .host.conv_route import resolve_conv_impl as resolve_conv_impl
-from .host.evaluate import evaluate as evaluate
-from .host.loop import run as run
-from .host.loop import run_seeds as run_seeds
-from .host.loop import train as train
-from .host.placement import init_state as init_state
-from .host.trainer import Trainer as Trainer
-from .hyperparameters import AgentHyperparameters as AgentHyperparameters
-from .hyperparameters import Hyperparameters as Hyperparameters
-from .hyperparameters import Sizes as Sizes
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports each when it is first used
+    from .config import PPOConfig as PPOConfig
+    from .core._types import Batch as Batch
+    from .core._types import EnvOutput as EnvOutput
+    from .core._types import EpisodeStats as EpisodeStats
+    from .core._types import LossInfo as LossInfo
+    from .core._types import Transition as Transition
+    from .core.collect import Collector as Collector
+    from .core.collect import async_collector as async_collector
+    from .core.collect import sync_collector as sync_collector
+    from .core.envs import AsyncPool as AsyncPool
+    from .core.envs import EnvBackend as EnvBackend
+    from .core.envs import EnvSpec as EnvSpec
+    from .core.envs import Pool as Pool
+    from .core.envs import env_spec as env_spec
+    from .core.envs import make_async_pool as make_async_pool
+    from .core.envs import make_pool as make_pool
+    from .core.gae import compute_gae as compute_gae
+    from .core.iteration import make_iteration as make_iteration
+    from .core.iteration import make_prime as make_prime
+    from .core.loss import model_loss as model_loss
+    from .core.loss import ppo_loss as ppo_loss
+    from .core.networks import ActorCritic as ActorCritic
+    from .core.rollout import RolloutCarry as RolloutCarry
+    from .core.rollout import init_episode_stats as init_episode_stats
+    from .core.rollout import rollout as rollout
+    from .core.state import Checkpoint as Checkpoint
+    from .core.state import TrainState as TrainState
+    from .core.update import make_optimizer as make_optimizer
+    from .core.update import update as update
+    from .errors import CheckpointError as CheckpointError
+    from .errors import ConfigError as ConfigError
+    from .errors import NonFiniteError as NonFiniteError
+    from .host.checkpoint import load_checkpoint as load_checkpoint
+    from .host.checkpoint import read_checkpoint as read_checkpoint
+    from .host.checkpoint import save_checkpoint as save_checkpoint
+    from .host.conv_route import resolve_conv_impl as resolve_conv_impl
+    from .host.evaluate import evaluate as evaluate
+    from .host.loop import run as run
+    from .host.loop import run_seeds as run_seeds
+    from .host.loop import train as train
+    from .host.placement import init_state as init_state
+    from .host.trainer import Trainer as Trainer
+    from .hyperparameters import AgentHyperparameters as AgentHyperparameters
+    from .settings import Hyperparameters as Hyperparameters
+    from .settings import Sizes as Sizes
+else:
+    from ._lazy import attach
+
+    __getattr__, __dir__, __all__ = attach(__name__, __file__)
 
 __version__ = "0.1.0"

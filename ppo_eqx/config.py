@@ -1,7 +1,8 @@
 """PPOConfig: every setting of a run, with CleanRL's names and defaults, validated in one place.
 
 Its first fields are the hyperparameters that the agents of one program may differ in (``Hyperparameters``, in
-``hyperparameters.py``, where each is declared once with its array face); the rest set sizes, envs and the run.
+``settings.py``; their array face is in ``hyperparameters.py``); the rest set sizes, envs and the run. No jax here:
+the command line derives its flags from these fields before it imports jax.
 Each field's metadata holds its one line of help (from which the command line derives its flag) and what it
 allows besides its type (a range or choices).
 """
@@ -10,17 +11,13 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, get_args, no_type_check
+from typing import TYPE_CHECKING, Any, Literal, get_args, no_type_check
 
 from .errors import ConfigError
-from .hyperparameters import (
-    FLOAT32_MAX,
-    AgentHyperparameters,
-    FieldRange,
-    Hyperparameters,
-    Sizes,
-    config_field,
-)
+from .settings import FLOAT32_MAX, FieldRange, Hyperparameters, Sizes, config_field
+
+if TYPE_CHECKING:  # the array face imports jax: config.py stays jax-free for the command line's parser
+    from .hyperparameters import AgentHyperparameters
 
 ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
 """How convolutions are computed: a route (``core.networks.ConvRoute``) or "auto", resolved at the edge
@@ -32,6 +29,10 @@ ENV_BACKENDS = ("envpool", "ale")
 INT32_MAX = 2**31 - 1
 """The largest count or seed: EnvPool takes int32 seeds, and JAX counts in int32."""
 POSITIVE = FieldRange(1, INT32_MAX, "a positive integer")
+MAX_AGENTS = 4096
+"""The most agents (settings x seeds) one program trains. Each has its own directory and its own model and Adam
+state in memory (about 0.1 MB for CartPole's MLP, 20 MB for the Nature CNN: 4096 Atari agents need 80 GB), and
+its own slice of one compiled program; a larger sweep is several runs (bench/atari57.py runs many)."""
 AGENT_PREFIX = "seed"
 """An agent's name in a run of several ends in ``seedK`` (``agent_names``), as its directory does."""
 
@@ -126,7 +127,7 @@ class PPOConfig(Hyperparameters):
     @property
     def num_agents(self) -> int:
         """Agents trained at once: one per setting and seed."""
-        return len(self.settings) * self.num_seeds
+        return math.prod(len(values) for _, values in self.sweep) * self.num_seeds
 
     def agent_configs(self) -> list["PPOConfig"]:
         """The single-agent config of each of the ``num_agents`` agents, setting by setting, and within each the
@@ -163,8 +164,10 @@ class PPOConfig(Hyperparameters):
             self.minibatch_unroll,
         )
 
-    def agent_hyperparameters(self) -> AgentHyperparameters:
+    def agent_hyperparameters(self) -> "AgentHyperparameters":
         """The agents' ``Hyperparameters`` as arrays: shared ones scalars, swept ones ``[num_agents]``."""
+        from .hyperparameters import AgentHyperparameters
+
         return AgentHyperparameters.of(self.agent_configs())
 
     def replace(self, **changes: Any) -> "PPOConfig":
@@ -202,6 +205,12 @@ class PPOConfig(Hyperparameters):
             if field.name != "sweep":
                 _check_field(field.name, field.type, getattr(self, field.name))
         _check_sweep(self.sweep)
+        if self.num_agents > MAX_AGENTS:  # before anything is computed per agent
+            settings = f"{math.prod(len(values) for _, values in self.sweep)} settings x " if self.sweep else ""
+            raise ConfigError(
+                f"num_agents={self.num_agents} ({settings}{self.num_seeds} seeds) is more than one program trains; "
+                f"allowed: at most {MAX_AGENTS} (MAX_AGENTS); run a larger sweep as several runs"
+            )
         self._validate_sizes()
         self._validate_async()
         if self.batch_size % self.num_minibatches:

@@ -10,6 +10,7 @@ Installed beside ``ppo_eqx``, whose core never imports it; the plots need the ``
     render       report.md and report.json
     plots        the figures (matplotlib)
     report       write_report: all of the above, into one directory
+    arguments    the scripts' command lines: one-line errors, checked before anything is read or written
 
 Nothing is imported here, so that ``bench/atari57.py`` reads the game list without the report's imports.
 """

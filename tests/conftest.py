@@ -1,4 +1,6 @@
+import fcntl
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -45,11 +47,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished tiny CartPole run (``run_files.tiny``: 4 iterations, checkpoints after 2 and 4) that
-    ``ppo-eqx train`` wrote in a process of its own. Tests copy it before they change anything."""
+    ``ppo-eqx train`` wrote in a process of its own. Tests copy it before they change anything.
+
+    Under xdist the workers share one: the first to ask trains it, in the session's temporary directory (each
+    worker's parent), while the others wait on a lock."""
     from .processes import ppo_eqx, run_child
     from .run_files import tiny
 
-    run_dir = tmp_path_factory.mktemp("cli_run") / "run"
-    code, out, err = run_child(ppo_eqx(*tiny(run_dir)))
-    assert code == 0, "\n".join(out + err)[-4000:]
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    root = tmp_path_factory.getbasetemp().parent if shared else tmp_path_factory.mktemp("cli_run")
+    run_dir = root / "cli_run"
+    with open(root / "cli_run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (run_dir / "summary.json").is_file():
+            if run_dir.exists():  # a worker that failed to train it left it half made
+                shutil.rmtree(run_dir)
+            code, out, err = run_child(ppo_eqx(*tiny(run_dir)))
+            assert code == 0, "\n".join(out + err)[-4000:]
     return run_dir

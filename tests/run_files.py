@@ -42,6 +42,18 @@ def iterations(run_dir: Path) -> list[int]:
     return found
 
 
+BOOKKEEPING = (".ppo-eqx-manifest.jsonl", ".ppo-eqx.lock")
+"""What ppo_eqx keeps in a run directory besides the run: what it wrote (every run and agent directory), who
+trains there (a run directory)."""
+
+
+def listing(directory: Path) -> list[str]:
+    """The names in a run or agent directory, sorted, less ppo_eqx's bookkeeping (its manifest must be there)."""
+    names = sorted(p.name for p in directory.iterdir())
+    assert BOOKKEEPING[0] in names, names
+    return [name for name in names if name not in BOOKKEEPING]
+
+
 def checkpoint_names(run_dir: Path) -> list[str]:
     directory = run_dir / "checkpoints"
     return sorted(p.name for p in directory.iterdir()) if directory.is_dir() else []

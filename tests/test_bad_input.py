@@ -22,6 +22,8 @@ from ppo_eqx.cli import main
 from ppo_eqx.config import FIELD_CHOICES, FIELD_RANGES, INT32_MAX, PPOConfig
 from ppo_eqx.host.checkpoint import list_checkpoints, read_arrays, read_metadata
 
+from .run_files import listing
+
 pytestmark = pytest.mark.subprocess
 
 TINY = ["--env-id", "CartPole-v1", "--total-timesteps", "1024", "--num-envs", "4", "--num-steps", "128"]
@@ -271,7 +273,7 @@ def test_bad_train_input_exits_2_and_touches_nothing(argv, finished_run, tmp_pat
 
 
 def test_the_table_covers_every_train_flag():
-    from ppo_eqx.cli.main import build_parser
+    from ppo_eqx.cli.command_line import build_parser
 
     train = build_parser()._subparsers._group_actions[0].choices["train"]  # type: ignore[union-attr]
     flags = {option for action in train._actions for option in action.option_strings if option.startswith("--")}
@@ -401,7 +403,7 @@ def test_bad_input_creates_nothing_so_the_corrected_retry_runs(tmp_path, capsys)
 def test_overwrite_of_a_seeds_run_by_one_seed_clears_the_old_agents(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *TINY, *QUIET, "--num-seeds", "2", "--run-dir", str(run)]) == 0
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "seed1", "seed2", "seeds.json"]
+    assert listing(run) == ["checkpoints", "seed1", "seed2", "seeds.json"]
     before = snapshot(run)
     # A bad overwrite keeps both agents; eval refuses the two-agent checkpoint without writing.
     assert main(["train", *TINY, *QUIET, "--gamma", "2", "--run-dir", str(run), "--overwrite"]) == 2
@@ -411,7 +413,7 @@ def test_overwrite_of_a_seeds_run_by_one_seed_clears_the_old_agents(tmp_path, ca
     assert snapshot(run) == before
     # A good one replaces the seeds' run whole: no seedK/ left to be read as a run of its own.
     assert main(["train", *TINY, *QUIET, "--run-dir", str(run), "--overwrite"]) == 0
-    assert sorted(p.name for p in run.iterdir()) == [
+    assert listing(run) == [
         "checkpoints",
         "config.json",
         "hardware.json",
@@ -463,10 +465,8 @@ def assert_intact(run: Path, rows_at_least: int) -> None:
 
 
 def disk_fills_under_tensorboard(monkeypatch, *, after_iteration: int) -> None:
-    """TensorBoard's record writer fails with ENOSPC once the metrics of ``after_iteration`` are written."""
-    from tensorboardX.record_writer import RecordWriter
-
-    real_record_write, real_run_write = RecordWriter.write, writers.RunWriter.write
+    """TensorBoard's events file fails with ENOSPC once the metrics of ``after_iteration`` are written."""
+    real_record_write, real_run_write = writers.EventsFile.write_record, writers.RunWriter.write
     full = []
 
     def record_write(self, data):
@@ -479,12 +479,12 @@ def disk_fills_under_tensorboard(monkeypatch, *, after_iteration: int) -> None:
         if record["iteration"] >= after_iteration:
             full.append(record["iteration"])
 
-    monkeypatch.setattr(RecordWriter, "write", record_write)
+    monkeypatch.setattr(writers.EventsFile, "write_record", record_write)
     monkeypatch.setattr(writers.RunWriter, "write", run_write)
 
 
 def test_a_full_disk_under_tensorboard_stops_with_one_line(tmp_path, capsys, monkeypatch, watchdog):
-    disk_fills_under_tensorboard(monkeypatch, after_iteration=1)  # its events of the first iteration on may be lost
+    disk_fills_under_tensorboard(monkeypatch, after_iteration=1)  # the second iteration's events fail
     run = tmp_path / "run"
     capsys.readouterr()
     code = main(["train", *FOUR_ITERATIONS, "--checkpoint-every", "1", "--no-progress", "--run-dir", str(run)])
@@ -528,7 +528,7 @@ def test_a_full_disk_under_metrics_jsonl_stops_with_one_line(tmp_path, capsys, m
 
 
 def test_a_full_disk_under_tensorboard_in_the_last_iteration_is_not_done(tmp_path, capsys, monkeypatch, watchdog):
-    disk_fills_under_tensorboard(monkeypatch, after_iteration=2)  # the last
+    disk_fills_under_tensorboard(monkeypatch, after_iteration=1)  # the last iteration's events fail
     run = tmp_path / "run"
     code = main(["train", *TINY, "--no-progress", "--run-dir", str(run)])
     assert code == 1

@@ -152,3 +152,16 @@ def test_the_console_script_exits_non_zero_without_a_traceback(tmp_path):
     assert result.stderr.strip().splitlines() == [
         "ppo-eqx: error: env_id='Pong-v4x' is not an EnvPool task; did you mean Pong-v5?"
     ]
+
+
+@pytest.mark.unit
+def test_the_cli_packages_main_stays_the_function_after_a_command_ran(capsys):
+    """``from ppo_eqx.cli import main`` after a command has run (and loaded the flags' module) is still the
+    function: a submodule named ``main`` would have replaced the package's attribute with itself."""
+    import importlib
+
+    import ppo_eqx.cli
+
+    assert ppo_eqx.cli.main(["train", "--num-envs", "0"]) == 2
+    assert "num_envs=0" in error_line(capsys)
+    assert callable(importlib.import_module("ppo_eqx.cli").main)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ppo_eqx import ConfigError, PPOConfig
 from ppo_eqx.config import CONV_IMPLS, FIELD_RANGES, INT32_MAX, preset_for
-from ppo_eqx.hyperparameters import FLOAT32_MAX, FLOAT32_TINY
+from ppo_eqx.settings import FLOAT32_MAX, FLOAT32_TINY
 
 pytestmark = pytest.mark.unit
 

@@ -194,7 +194,7 @@ def test_conv_and_its_gradients_match_numpy(isa, shape, seed):
     x64, kernel64, dy64 = x.astype(np.float64), kernel.astype(np.float64), dy.astype(np.float64)
     arrays = (jnp.asarray(x), jnp.asarray(kernel), jnp.asarray(bias))
     with built_for(isa):
-        y, vjp = jax.vjp(lambda x, w, b: cpu_kernel.conv(x, w, b, stride), *arrays)
+        y, vjp = jax.vjp(lambda a, k, b: cpu_kernel.conv(a, k, b, stride), *arrays)
         dx, dkernel, dbias = vjp(jnp.asarray(dy))
     np.testing.assert_allclose(y, numpy_conv(x64, kernel64, bias, stride), rtol=1e-4, atol=1e-4)
     want_dx = _numpy_input_gradient(kernel64, dy64, x.shape, stride)

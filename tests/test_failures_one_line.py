@@ -19,7 +19,6 @@ from .run_files import BATCH, tiny
 
 pytestmark = pytest.mark.subprocess
 
-ISSUE = pytest.mark.xfail(strict=True, reason="issue 23")
 NOISE = ("Traceback", "KeyboardInterrupt", "Exception ignored", "Fatal Python error")
 """Words of Python's own reports, which a one-line failure never shows."""
 SWEEP_TIMEOUT_S = 20
@@ -136,8 +135,6 @@ CASES = {
     ),
     "sweep-of-2**20-agents": Case(absurd_sweep, ("1048576",)),
 }
-PASSING_TODAY: set[str] = set()
-"""The cases that today's code (1a886d4) already gets right: regression cases, not marked."""
 
 
 def prepare(case: Path) -> None:
@@ -189,7 +186,8 @@ def results(cli_run: Path, tmp_path_factory: pytest.TempPathFactory, request: py
         return Results(root, {name: future.result() for name, future in futures.items()})
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in PASSING_TODAY else ISSUE) for name in CASES])
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.xdist_group("one-line-results")
 def test_bad_input_is_one_line_exit_2_and_nothing_written(results: Results, name: str) -> None:
     case, result = CASES[name], results.by_case[name]
     directory = case_dir(results.root, name)
@@ -218,12 +216,9 @@ MOMENTS = {
     "eval-while-importing-jax": Moment("eval", lambda child: child.wait_for_import("jax")),
     "eval-while-playing": Moment("eval", lambda child: child.wait_for_line("evaluating")),
 }
-CTRL_C_PASSING_TODAY = {"train-while-compiling", "train-during-the-first-iteration", "train-later"}
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(name, marks=() if name in CTRL_C_PASSING_TODAY else ISSUE) for name in MOMENTS]
-)
+@pytest.mark.parametrize("name", list(MOMENTS))
 def test_ctrl_c_at_any_moment_stops_in_a_couple_of_lines(cli_run: Path, tmp_path: Path, name: str) -> None:
     moment = MOMENTS[name]
     if moment.command == "train":

@@ -14,7 +14,6 @@ from .run_files import BATCH, interrupted_copy, iterations, metrics_rows, snapsh
 
 pytestmark = pytest.mark.subprocess
 
-ISSUE = pytest.mark.xfail(strict=True, reason="issue 23")
 TAGS = {"losses/value_loss": "value_loss", "losses/entropy": "entropy"}
 """TensorBoard tags (CleanRL's) and the metrics.jsonl fields they plot."""
 
@@ -55,12 +54,9 @@ def stages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Stage]:
 @pytest.mark.parametrize("tag", list(TAGS))
 @pytest.mark.parametrize(
     "moment",
-    [
-        pytest.param("killed", marks=ISSUE),
-        pytest.param("killed-again", marks=ISSUE),
-        pytest.param("finished", marks=ISSUE),
-    ],
+    ["killed", "killed-again", "finished"],
 )
+@pytest.mark.xdist_group("history-stages")
 def test_tensorboard_shows_every_iteration_that_metrics_has(stages: dict[str, Stage], moment: str, tag: str) -> None:
     rows, points = stages[moment].rows, stages[moment].points[tag]
     assert [step for step, _ in points] == [row["global_step"] for row in rows]
@@ -68,6 +64,7 @@ def test_tensorboard_shows_every_iteration_that_metrics_has(stages: dict[str, St
 
 
 @pytest.mark.parametrize("moment", ["killed", "killed-again", "finished"])
+@pytest.mark.xdist_group("history-stages")
 def test_metrics_has_each_iteration_once_in_order_after_kills(stages: dict[str, Stage], moment: str) -> None:
     steps = [row["global_step"] for row in stages[moment].rows]
     assert steps == [BATCH * i for i in range(1, len(steps) + 1)]
@@ -99,8 +96,6 @@ DAMAGES = [
     "rows-out-of-order",
     "file-missing",
 ]
-REPAIRED_TODAY = {"garbage-line-in-the-middle", "row-beyond-the-checkpoint"}
-"""Damages that today's resume (1a886d4) already repairs: regression cases, not marked."""
 
 
 class Resumed(NamedTuple):
@@ -128,7 +123,8 @@ def resumed(cli_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
         return dict(zip(DAMAGES, pool.map(resume, DAMAGES), strict=True))
 
 
-@pytest.mark.parametrize("how", [pytest.param(how, marks=() if how in REPAIRED_TODAY else ISSUE) for how in DAMAGES])
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.xdist_group("history-resumed")
 def test_a_damaged_metrics_file_is_refused_or_repaired_never_extended(resumed: dict[str, Resumed], how: str) -> None:
     result = resumed[how]
     if result.code == 2:  # refused: one line, nothing changed

@@ -15,8 +15,6 @@ from .processes import ROOT, run_child
 
 pytestmark = pytest.mark.subprocess
 
-ISSUE = pytest.mark.xfail(strict=True, reason="issue 23")
-
 # name -> (a call, in library_calls.py's names, and the words of which the error must hold one: the argument's name)
 BAD = {
     # compute_gae(rewards [T N], values [T N], dones [T N] bool, last_value [N], *, gamma, gae_lambda)
@@ -40,7 +38,7 @@ BAD = {
     "loss-returns-B-1": ("loss(returns=f32(B, 1))", ("returns",)),
     "loss-advantages-B-1": ("loss(advantages=f32(B, 1))", ("advantages",)),
     "loss-entropy-B-1": ("loss(entropy=f32(B, 1))", ("entropy",)),
-    "loss-old-value-B-1-clipped": ("loss(old_value=f32(B, 1), clip_vloss=True)", ("old_value",)),
+    "loss-old-value-B-1-clipped": ("loss(old_value=f32(B, 1), clip_vloss=jnp.asarray(True))", ("old_value",)),
     "loss-new-logprob-longer": ("loss(new_logprob=f32(B + 1))", ("new_logprob",)),
     "loss-old-logprob-shorter": ("loss(old_logprob=f32(B - 1))", ("old_logprob",)),
     "loss-new-logprob-scalar": ("loss(new_logprob=f32())", ("new_logprob",)),
@@ -120,22 +118,6 @@ GOOD = {
     "outside-jaxtypings-import-hook": "expect(not any('jaxtyping' in type(f).__module__ for f in sys.meta_path), "
     "'a jaxtyping import hook is installed')",
 }
-PASSING_TODAY = {
-    "model-obs-shape-of-rank-2",
-    # refused since the design pass (issue 24): the route is checked, the model keeps its obs_shape
-    "model-conv-impl-bogus-vectors",
-    "model-conv-impl-bogus-frames",
-    "call-vector-obs-without-batch",
-    "call-vector-obs-of-other-size",
-    "call-vector-obs-of-rank-3",
-    "call-frames-channels-last",
-    "call-frames-without-batch",
-    "call-frames-of-other-channels",
-    "call-jitted-vector-obs-of-other-size",
-    "rollout-carry-obs-of-other-size",
-}
-"""Bad calls that the code already refuses naming the argument (1a886d4: the first; 3367301: all): regression
-cases, not marked."""
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +142,8 @@ DEEP = ("/jax/", "/jaxlib/", "/equinox/", "/optax/", "/numpy/")
 with different leading axis sizes") without being a check of it."""
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in PASSING_TODAY else ISSUE) for name in BAD])
+@pytest.mark.parametrize("name", list(BAD))
+@pytest.mark.xdist_group("library-calls")
 def test_a_bad_call_raises_an_error_naming_the_argument(results: dict[str, dict], name: str) -> None:
     result, (_, words) = results[name], BAD[name]
     assert result["raised"] is not None, "returned without an error"
@@ -170,5 +153,6 @@ def test_a_bad_call_raises_an_error_naming_the_argument(results: dict[str, dict]
 
 
 @pytest.mark.parametrize("name", list(GOOD))
+@pytest.mark.xdist_group("library-calls")
 def test_a_good_call_still_works(results: dict[str, dict], name: str) -> None:
     assert results[name]["raised"] is None, results[name]

@@ -18,8 +18,6 @@ from .run_files import BATCH, checkpoint_names, interrupted_copy, iterations, sn
 
 pytestmark = pytest.mark.subprocess
 
-ISSUE = pytest.mark.xfail(strict=True, reason="issue 23")
-
 
 def train(*args: str) -> list[str]:
     """Run ``ppo-eqx train ARGS`` to its end (exit 0); its output lines, stdout then stderr."""
@@ -73,20 +71,21 @@ def single(cli_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Overwritt
 @pytest.mark.parametrize(
     "kept",
     [
-        pytest.param("seed2", id="independent-run-in-seed2", marks=ISSUE),
-        pytest.param("lr=0.1/seed1", id="copied-run-in-a-setting-dir", marks=ISSUE),
+        pytest.param("seed2", id="independent-run-in-seed2"),
+        pytest.param("lr=0.1/seed1", id="copied-run-in-a-setting-dir"),
         pytest.param("notes.txt", id="users-file"),
         pytest.param("checkpoints-old", id="users-dir-named-like-checkpoints"),
-        pytest.param("checkpoints/my-best.eqx", id="users-file-among-the-checkpoints", marks=ISSUE),
+        pytest.param("checkpoints/my-best.eqx", id="users-file-among-the-checkpoints"),
     ],
 )
+@pytest.mark.xdist_group("overwrite-single")
 def test_overwrite_keeps_what_the_old_run_did_not_write(single: Overwritten, kept: str) -> None:
     kept_before = {name: data for name, data in single.before.items() if Path(name).is_relative_to(kept)}
     assert kept_before  # the fixture made it
     assert {name: data for name, data in snapshot(single.run_dir).items() if name in kept_before} == kept_before
 
 
-@ISSUE
+@pytest.mark.xdist_group("overwrite-single")
 def test_overwrite_names_what_it_kept_in_one_line(single: Overwritten) -> None:
     lines = [line for line in single.output if "notes.txt" in line]
     assert len(lines) == 1, single.output
@@ -103,6 +102,7 @@ def test_overwrite_names_what_it_kept_in_one_line(single: Overwritten) -> None:
         pytest.param("summary", id="summary-is-the-new-runs"),
     ],
 )
+@pytest.mark.xdist_group("overwrite-single")
 def test_overwrite_deletes_what_the_old_run_wrote(single: Overwritten, check: str) -> None:
     run_dir, before = single.run_dir, single.before
     if check == "config":
@@ -136,9 +136,10 @@ def seeds(single: Overwritten, tmp_path_factory: pytest.TempPathFactory) -> Over
         pytest.param("seed1", False, id="old-agent-seed1-gone"),
         pytest.param("seed2", False, id="old-agent-seed2-gone"),
         pytest.param("seeds.json", False, id="old-seeds-json-gone"),
-        pytest.param("seed3", True, id="independent-run-in-seed3-kept", marks=ISSUE),
+        pytest.param("seed3", True, id="independent-run-in-seed3-kept"),
     ],
 )
+@pytest.mark.xdist_group("overwrite-single")
 def test_overwriting_a_many_seed_run_deletes_its_agents_only(seeds: Overwritten, path: str, kept: bool) -> None:
     assert any(Path(name).is_relative_to(path) for name in seeds.before)
     after = snapshot(seeds.run_dir)
@@ -158,7 +159,7 @@ def atari57(sweep_dir: Path, *extra: str) -> tuple[int, list[str], list[str]]:
 @pytest.mark.parametrize(
     ("state", "expected"),
     [
-        pytest.param("checkpoint", "--resume", id="interrupted-with-a-checkpoint-resumes", marks=ISSUE),
+        pytest.param("checkpoint", "--resume", id="interrupted-with-a-checkpoint-resumes"),
         pytest.param("no checkpoint", "--overwrite", id="interrupted-before-any-checkpoint-restarts"),
     ],
 )
@@ -175,7 +176,6 @@ def test_atari57_never_overwrites_a_run_that_has_checkpoints(
     assert ({"--resume", "--overwrite"} - {expected}).isdisjoint(line.split())
 
 
-@ISSUE
 def test_atari57_resumes_an_interrupted_run_from_its_checkpoint(cli_run: Path, tmp_path: Path) -> None:
     run_dir = interrupted_copy(cli_run, tmp_path / "CartPole-v1__seed1", at=2)
     rows_before = (run_dir / "metrics.jsonl").read_text()

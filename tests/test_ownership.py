@@ -20,7 +20,6 @@ from .run_files import BATCH, checkpoint_names, interrupted_copy, iterations, sn
 
 pytestmark = pytest.mark.subprocess
 
-ISSUE = pytest.mark.xfail(strict=True, reason="issue 23")
 HOST = socket.gethostname()
 STARTED = ("run directory", "resuming")
 """Words of the lines a `train` prints once it has taken its run directory (before it compiles)."""
@@ -67,6 +66,7 @@ def holder(tmp_path_factory: pytest.TempPathFactory):
         yield Holder(child, run_dir, snapshot(run_dir))
 
 
+@pytest.mark.xdist_group("ownership-holder")
 def test_eval_reads_a_run_while_it_trains(holder: Holder) -> None:
     """Reading is not owning: eval plays the newest checkpoint of a run in training (and writes only eval.json)."""
     with Child(ppo_eqx("eval", str(holder.run_dir), "--episodes", "2")) as child:
@@ -79,12 +79,13 @@ def test_eval_reads_a_run_while_it_trains(holder: Holder) -> None:
 @pytest.mark.parametrize(
     "command",
     [
-        pytest.param(lambda run: tiny(run, 3, checkpoint_every=1), id="train-the-same-run-dir", marks=ISSUE),
-        pytest.param(lambda run: [*tiny(run, 3), "--overwrite"], id="train-overwrite", marks=ISSUE),
-        pytest.param(lambda run: [*tiny(run, 2), "--seed", "2", "--overwrite"], id="overwrite-other-seed", marks=ISSUE),
-        pytest.param(lambda run: ["train", "--resume", str(run), "--no-progress"], id="resume", marks=ISSUE),
+        pytest.param(lambda run: tiny(run, 3, checkpoint_every=1), id="train-the-same-run-dir"),
+        pytest.param(lambda run: [*tiny(run, 3), "--overwrite"], id="train-overwrite"),
+        pytest.param(lambda run: [*tiny(run, 2), "--seed", "2", "--overwrite"], id="overwrite-other-seed"),
+        pytest.param(lambda run: ["train", "--resume", str(run), "--no-progress"], id="resume"),
     ],
 )
+@pytest.mark.xdist_group("ownership-holder")
 def test_a_second_train_while_one_trains_is_refused_naming_the_holder(holder: Holder, command) -> None:
     child = run_until_refused_or_started(ppo_eqx(*command(holder.run_dir)))
     line = refusal(child)
@@ -93,7 +94,7 @@ def test_a_second_train_while_one_trains_is_refused_naming_the_holder(holder: Ho
     assert snapshot(holder.run_dir) == holder.files
 
 
-@ISSUE
+@pytest.mark.xdist_group("ownership-holder")
 def test_the_training_run_finishes_intact_after_every_refusal(holder: Holder) -> None:
     """After the refusals above (and one more here, so that this test means the same when run alone)."""
     run_until_refused_or_started(ppo_eqx(*tiny(holder.run_dir, 3), "--overwrite"))
@@ -107,8 +108,8 @@ def test_the_training_run_finishes_intact_after_every_refusal(holder: Holder) ->
 @pytest.mark.parametrize(
     "start",
     [
-        pytest.param("new", id="two-identical-new-runs", marks=ISSUE),
-        pytest.param("resume", id="two-resumes-of-one-run", marks=ISSUE),
+        pytest.param("new", id="two-identical-new-runs"),
+        pytest.param("resume", id="two-resumes-of-one-run"),
     ],
 )
 def test_of_two_starts_at_once_exactly_one_trains(cli_run: Path, tmp_path: Path, start: str) -> None:
@@ -163,11 +164,10 @@ def reuse_pid(run_dir: Path, killed: Killed) -> None:
     [
         pytest.param(None, ["train", "--resume", "RUN", "--no-progress"], [1, 2], id="resume-after-sigkill"),
         pytest.param(None, [*tiny(Path("RUN"), 2), "--overwrite"], [1, 2], id="overwrite-after-sigkill"),
-        pytest.param(
-            reuse_pid, ["train", "--resume", "RUN", "--no-progress"], [1, 2], id="lock-names-a-live-pid", marks=ISSUE
-        ),
+        pytest.param(reuse_pid, ["train", "--resume", "RUN", "--no-progress"], [1, 2], id="lock-names-a-live-pid"),
     ],
 )
+@pytest.mark.xdist_group("ownership-killed")
 def test_a_stale_lock_of_a_dead_run_does_not_stop_the_next(killed: Killed, tmp_path: Path, prepare, command, expected):
     run_dir = tmp_path / "run"
     shutil.copytree(killed.run_dir, run_dir)  # the copy keeps whatever the dead run left, lock files too
@@ -178,13 +178,12 @@ def test_a_stale_lock_of_a_dead_run_does_not_stop_the_next(killed: Killed, tmp_p
     assert iterations(run_dir) == expected
 
 
-@ISSUE
+@pytest.mark.xdist_group("ownership-killed")
 def test_the_lock_of_a_killed_run_names_its_process_and_host(killed: Killed) -> None:
     (lock,) = lock_files(killed.run_dir, killed.pid)
     assert HOST in lock.read_text()
 
 
-@ISSUE
 def test_default_run_names_of_two_runs_started_in_the_same_second_differ(tmp_path: Path) -> None:
     """No --run-dir: two runs whose clocks read the same second (time.time frozen in both) get two directories."""
     frozen = tmp_path / "frozen"
@@ -202,7 +201,6 @@ def test_default_run_names_of_two_runs_started_in_the_same_second_differ(tmp_pat
     assert len(runs) == 2 and all(iterations(run) == [1] for run in runs), runs
 
 
-@ISSUE
 def test_eval_reads_a_whole_checkpoint_while_training_prunes_it(tmp_path: Path) -> None:
     """eval is stopped after it chose the newest checkpoint and before it read the arrays (while it imports the
     env package), until training has written the next checkpoint and deleted that one (--keep-checkpoints 1)."""

@@ -39,5 +39,8 @@ def test_the_public_face_has_the_library_and_not_its_internals():
         assert callable(getattr(ppo_eqx, name)), name
     for name in ("init_state", "make_iteration", "resolve_conv_impl", "AgentHyperparameters", "PPOConfig"):
         assert hasattr(ppo_eqx, name), name
+    # The pure functions that users are promised, each with what it takes (rollout: its carry).
+    for name in ("rollout", "RolloutCarry", "init_episode_stats", "compute_gae", "ppo_loss", "update", "ActorCritic"):
+        assert hasattr(ppo_eqx, name), name
     for internal in ("AsyncRolloutCarry", "OneDevice", "Placement", "agent_axes"):
         assert not hasattr(ppo_eqx, internal), internal

@@ -17,6 +17,7 @@ from ppo_eqx_bench.runs import find_run_dirs, load_run
 
 from .comparisons import ATOL, PARAM_ATOL, RTOL, final_checkpoint_bytes, metrics, resume_a_copy
 from .fake_env import counting_env
+from .run_files import listing
 
 pytestmark = pytest.mark.unit
 
@@ -86,7 +87,7 @@ def test_two_seeds_in_one_process_equal_two_single_seed_runs_on_cartpole(tmp_pat
         assert main([*flags, "--seed", str(seed), "--run-dir", str(tmp_path / f"single{seed}")]) == 0
 
     # The run directory holds the stacked checkpoints and the config; each agent's directory is a run.
-    assert sorted(p.name for p in seeds_dir.iterdir()) == ["checkpoints", "seed3", "seed4", "seeds.json"]
+    assert listing(seeds_dir) == ["checkpoints", "seed3", "seed4", "seeds.json"]
     assert json.loads((seeds_dir / "seeds.json").read_text())["num_seeds"] == 2
     assert find_run_dirs(seeds_dir) == [seeds_dir / "seed3", seeds_dir / "seed4"]
     seeds_config = PPOConfig.from_dict(json.loads((seeds_dir / "seeds.json").read_text()))
@@ -94,7 +95,7 @@ def test_two_seeds_in_one_process_equal_two_single_seed_runs_on_cartpole(tmp_pat
     assert int(checkpoint.iteration) == 2 and checkpoint.key.shape[0] == 2
     for s, seed in enumerate((3, 4)):
         agent_dir, single_dir = seeds_dir / f"seed{seed}", tmp_path / f"single{seed}"
-        assert sorted(p.name for p in agent_dir.iterdir()) == [
+        assert listing(agent_dir) == [
             "config.json",
             "hardware.json",
             "metrics.jsonl",

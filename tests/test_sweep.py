@@ -26,6 +26,7 @@ from ppo_eqx.host.trainer import Trainer, pool_env_seeds
 from ppo_eqx_bench.runs import find_run_dirs
 
 from .comparisons import ATOL, PARAM_ATOL, RTOL, VOLATILE, final_checkpoint_bytes, metrics, resume_a_copy
+from .run_files import listing
 
 pytestmark = pytest.mark.unit
 
@@ -248,7 +249,7 @@ def test_a_sweep_writes_one_run_per_agent_resumes_exactly_and_evaluates_one_agen
     config = PPOConfig.from_dict(json.loads((whole / "seeds.json").read_text()))
     assert config.sweep == (("learning_rate", (0.001, 0.0003)), ("norm_adv", (False, True)))
     settings = [f"learning-rate={lr},norm-adv={na}" for lr in ("0.001", "0.0003") for na in ("false", "true")]
-    assert sorted(p.name for p in whole.iterdir()) == sorted(["checkpoints", "seeds.json", *settings])
+    assert listing(whole) == sorted(["checkpoints", "seeds.json", *settings])
     agent_dirs = [whole / setting / f"seed{seed}" for setting in settings for seed in (1, 2)]
     assert find_run_dirs(whole) == sorted(agent_dirs)
     for agent_dir, agent in zip(agent_dirs, config.agent_configs(), strict=True):
@@ -285,9 +286,9 @@ def test_overwrite_of_a_sweep_clears_its_agents(tmp_path, capsys):
     run_dir = tmp_path / "run"
     flags = ["train", "--env-id", "CartPole-v1", "--total-timesteps", "512", *QUIET, "--run-dir", str(run_dir)]
     assert main([*flags, "--sweep", "gamma=0.9,0.99"]) == 0
-    assert {p.name for p in run_dir.iterdir()} == {"checkpoints", "seeds.json", "gamma=0.9", "gamma=0.99"}
+    assert set(listing(run_dir)) == {"checkpoints", "seeds.json", "gamma=0.9", "gamma=0.99"}
     (run_dir / "notes.txt").write_text("mine")
     assert main([*flags, "--overwrite"]) == 0
-    assert {p.name for p in run_dir.iterdir()} == {"checkpoints", "config.json", "hardware.json", "metrics.jsonl",
+    assert set(listing(run_dir)) == {"checkpoints", "config.json", "hardware.json", "metrics.jsonl",
                                                   "summary.json", "notes.txt"}  # fmt: skip
     assert not list(itertools.chain(run_dir.glob("gamma=*"), run_dir.glob("seed*")))

@@ -1,4 +1,5 @@
-"""What ``ppo-eqx eval`` does: check the checkpoint and both output paths, then play, then write the results."""
+"""What ``ppo-eqx eval`` does: check the backend, read the checkpoint (the newest, whole, even while training
+prunes it) and both output paths, then play, then write the results. eval takes no lock: it only reads the run."""
 
 import argparse
 from pathlib import Path
@@ -10,24 +11,28 @@ from ..config import PPOConfig
 from ..core.envs import EnvSpec, backend
 from ..core.networks import ActorCritic, ConvRoute
 from ..errors import RunError, UsageError
-from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint, resolve_checkpoint
+from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint
 from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl
 from ..host.evaluate import EVAL_STREAM, VIDEO_FORMATS, Evaluation, VideoWriter, evaluate, summarise
 from ..host.rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, write_json
 from .checks import require
+from .environment import XlaFlagsProbe, check_backend
+from .interrupts import EARLY
 
 
-def eval_command(args: argparse.Namespace) -> int:
-    """Check the checkpoint and both output paths, then play, then write ``eval.json`` (or ``--output``)."""
+def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -> int:
+    """Check the backend, the checkpoint and both output paths, then play, then write ``eval.json`` (or
+    ``--output``)."""
+    check_backend(probe or XlaFlagsProbe())
     agent = _agent_of(args.path)
-    path = resolve_checkpoint(args.path if agent is None else agent[0])
+    # Read whole at once: a run in training prunes its older checkpoints (read_checkpoint takes the next newest).
+    checkpoint = read_checkpoint(args.path if agent is None else agent[0])
+    path, metadata = checkpoint.path, checkpoint.metadata
     run_dir = path.parent.parent if agent is None else args.path
     output = args.output or run_dir / EVAL
     check_output("--output", output, run_dir)
     if args.video is not None:
         _check_video(args.video, run_dir, output)
-    checkpoint = read_checkpoint(path)
-    metadata = checkpoint.metadata
     model, config, spec = _load_agent(checkpoint, args.env_backend, None if agent is None else agent[1])
     print(
         f"ppo-eqx: evaluating {path} ({config.env_id}, iteration {metadata['iteration']}) on {args.episodes} "
@@ -50,6 +55,7 @@ def eval_command(args: argparse.Namespace) -> int:
         "lengths": evaluation.lengths,
         "video": None if args.video is None else str(args.video),
     }
+    EARLY.defer()  # eval.json is written whole or not at all; a Ctrl-C now waits for it
     try:
         write_json(output, result)
     except OSError as error:

@@ -12,7 +12,8 @@ from ..config import PPOConfig, flag, preset_for
 from ..core.envs import backend
 from ..errors import ConfigError, RunDirError, UsageError
 from ..host.checkpoint import CheckpointFile, check_same_run, read_checkpoint
-from ..host.rundir import CONFIG, SEEDS_CONFIG, agent_dirs, check_new_run_dir
+from ..host.ownership import owned_agents
+from ..host.rundir import CONFIG, METRICS, SEEDS_CONFIG, agent_dirs, check_new_run_dir, checked_metrics, holds_run
 
 
 class Plan(NamedTuple):
@@ -64,9 +65,22 @@ def plan_new(args: argparse.Namespace) -> Plan:
 
 
 def check_run_dirs(plan: Plan, overwrite: bool) -> None:
-    """Every directory a new run writes may be written (nothing is written or created here)."""
-    check_new_run_dir(plan.run_dir, overwrite)
+    """Every directory a new run writes may be written (nothing is written or created here): not an agent's
+    directory of another run, and with ``overwrite`` no agent's directory holding a run that the old run in
+    ``plan.run_dir`` did not write (``--overwrite`` deletes only the old run's)."""
+    run_dir = plan.run_dir
+    check_new_run_dir(run_dir, overwrite)
+    for parent in run_dir.absolute().parents:
+        if holds_run(parent) and any(run_dir.absolute().is_relative_to(a) for a in owned_agents(parent)):
+            raise RunDirError(f"--run-dir {run_dir} is an agent's directory of the run in {parent}; allowed: a path "
+                              "of its own")  # fmt: skip
+    owned = owned_agents(run_dir) if overwrite else set()
     for agent_dir in plan.agent_dirs if plan.config.num_agents > 1 else []:
+        if overwrite and agent_dir not in owned and holds_run(agent_dir):
+            raise RunDirError(
+                f"{agent_dir} holds a run that the run in {run_dir} did not write, and --overwrite keeps it; move "
+                "it, or pick another --run-dir"
+            )
         check_new_run_dir(agent_dir, overwrite)
 
 
@@ -93,7 +107,10 @@ def plan_resume(args: argparse.Namespace) -> Plan:
     check_same_run(newest, config)
     if not os.access(run_dir, os.W_OK | os.X_OK):
         raise RunDirError(f"--resume {run_dir} is not writable")
-    return Plan(config, run_dir, newest)
+    plan = Plan(config, run_dir, newest)
+    for agent_dir in plan.agent_dirs:  # a damaged history is refused before anything is written
+        checked_metrics(agent_dir / METRICS, plan.start_iteration)
+    return plan
 
 
 def _saved_config(run_dir: Path) -> PPOConfig:

@@ -21,12 +21,14 @@ from ..config import PPOConfig
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
 from ..errors import NonFiniteError, RunError
-from ..host.checkpoint import save_checkpoint
+from ..host.checkpoint import checkpoint_name, save_checkpoint
 from ..host.loop import run_seeds
 from ..host.mesh import MeshPlacement, any_process
-from ..host.rundir import METRICS, SUMMARY, truncate_metrics
+from ..host.ownership import Manifest
+from ..host.rundir import CHECKPOINT_DIR, METRICS, SUMMARY, truncate_metrics
 from ..host.trainer import Trainer
 from .hardware import hardware_info
+from .interrupts import EARLY, exit_status
 from .plan import Plan
 from .writers import RunWriter, start_wandb
 
@@ -84,6 +86,11 @@ class Supervisor:
             print(line, flush=True)
 
     def run(self) -> int:
+        stopped = EARLY.pending()  # while the run directory was taken
+        if stopped is not None:
+            print(f"ppo-eqx: stopped by {stopped} before training started; {self.plan.run_dir} holds no checkpoint "
+                  "of this run", file=sys.stderr)  # fmt: skip
+            return exit_status(getattr(signal, stopped))
         with self._signals(), self._thread_errors():
             try:
                 self._open()
@@ -259,7 +266,11 @@ class Supervisor:
         if not self.writes:
             return
         elapsed = self.records[0]["time_elapsed"]
+        name = f"{CHECKPOINT_DIR}/{checkpoint_name(iteration)}"
         try:
+            Manifest(self.plan.run_dir).add_all(
+                [("dir", CHECKPOINT_DIR), ("file", f"{name}.eqx"), ("file", f"{name}.json")]
+            )
             self.last_checkpoint = save_checkpoint(
                 self.plan.run_dir,
                 checkpoint,
@@ -284,7 +295,7 @@ class Supervisor:
                     f"{self.last_checkpoint}; continue with: ppo-eqx train --resume {self.plan.run_dir}",
                     file=sys.stderr,
                 )
-            return 130 if self.stop.signal == "SIGINT" else 143
+            return exit_status(signal.SIGINT if self.stop.signal == "SIGINT" else signal.SIGTERM)
         try:
             for writer in self.writers:
                 writer.close()  # TensorBoard's thread writes what it holds and ends: its errors are recorded now

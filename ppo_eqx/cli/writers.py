@@ -1,14 +1,20 @@
 """What a run writes as it goes: config.json, hardware.json, metrics.jsonl, TensorBoard events, summary.json,
-and an optional Weights & Biases run (file names and layout: ``rundir``)."""
+and an optional Weights & Biases run (file names and layout: ``rundir``), each listed in the run's manifest
+before it is created (``ownership.Manifest``)."""
 
 import json
 import math
+import os
+import socket
+import struct
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from ..config import PPOConfig
-from ..host.rundir import CONFIG, HARDWARE, METRICS, SUMMARY, WANDB, write_json
+from ..host.ownership import Manifest
+from ..host.rundir import CONFIG, EVAL, HARDWARE, METRICS, SUMMARY, WANDB, write_json
 
 # CleanRL's TensorBoard tags for the metrics it logs.
 TENSORBOARD_TAGS = {
@@ -23,8 +29,65 @@ TENSORBOARD_TAGS = {
     "approx_kl": "losses/approx_kl",
     "clip_fraction": "losses/clipfrac",
 }
-TENSORBOARD_QUEUE = 1000
-"""Events that TensorBoard's writer thread may have pending before add_scalar blocks."""
+
+
+class EventsFile:
+    """A TensorBoard events file written as the run goes, each event handed to the OS at once (one ``write`` of
+    a whole TFRecord: length, its masked CRC-32C, the serialised ``Event``, its masked CRC-32C), so that a kill at
+    any moment leaves every event written before it (tensorboardX's writer keeps them in a thread's queue and a
+    buffer for up to two minutes). Errors (a full disk) are raised by the call that writes.
+
+    ``purge_step``: TensorBoard hides the points of earlier files at this step and after (a resumed run's
+    ``SessionLog.START``).
+    """
+
+    def __init__(self, run_dir: Path, manifest: Manifest, *, purge_step: int | None = None):
+        from tensorboardX.proto.event_pb2 import Event, SessionLog  # pyright: ignore[reportAttributeAccessIssue]
+
+        self._event = Event
+        stem = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        for n in range(1000):
+            name = stem if n == 0 else f"{stem}.{n}"
+            manifest.add("file", name)
+            try:
+                self._fd = os.open(run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+                break
+            except FileExistsError:
+                continue
+        self.path = run_dir / name
+        self.write_event(Event(wall_time=time.time(), file_version="brain.Event:2"))
+        if purge_step is not None:
+            start = SessionLog(status=SessionLog.START)
+            self.write_event(Event(wall_time=time.time(), step=purge_step, session_log=start))
+
+    def write_record(self, data: bytes) -> None:
+        from tensorboardX.record_writer import masked_crc32c
+
+        header = struct.pack("<Q", len(data))
+        record = b"".join(
+            [header, struct.pack("<I", masked_crc32c(header)), data, struct.pack("<I", masked_crc32c(data))]
+        )
+        view = memoryview(record)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def write_event(self, event: Any) -> None:
+        self.write_record(event.SerializeToString())
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """One event holding every ``tag: value`` at ``step``."""
+        from tensorboardX.proto.summary_pb2 import Summary  # pyright: ignore[reportAttributeAccessIssue]
+
+        summary = Summary(value=[Summary.Value(tag=tag, simple_value=value) for tag, value in values.items()])
+        self.write_event(self._event(wall_time=time.time(), step=step, summary=summary))
+
+    def text(self, tag: str, text: str) -> None:
+        from tensorboardX.summary import text as text_summary
+
+        self.write_event(self._event(wall_time=time.time(), summary=text_summary(tag, text)))
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -32,8 +95,9 @@ def _finite_or_none(value: Any) -> Any:
 
 
 class RunWriter:
-    """Appends one JSON line per iteration to ``metrics.jsonl`` (NaN written as null), to TensorBoard, and to
-    a Weights & Biases run when one is given (anything with ``log(dict, step=)`` and ``finish()``).
+    """Appends each iteration to TensorBoard's events, then as one JSON line to ``metrics.jsonl`` (NaN written as
+    null), and to a Weights & Biases run when one is given (anything with ``log(dict, step=)`` and ``finish()``):
+    every row of ``metrics.jsonl`` has its points in TensorBoard, at any kill.
 
     ``resume_step``: the global step of the checkpoint a resumed run starts from. TensorBoard then hides the
     earlier event files' points after it (``purge_step``), as ``metrics.jsonl`` has been truncated there.
@@ -50,36 +114,34 @@ class RunWriter:
         wandb_run: Any = None,
     ):
         self.run_dir = run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
+        self.manifest = Manifest(run_dir)
+        # eval.json is this run's too (``ppo-eqx eval`` writes it here): listed now, as eval never takes the run.
+        self.manifest.add_all(
+            [("file", CONFIG), ("file", HARDWARE), ("file", METRICS), ("file", SUMMARY), ("file", EVAL)]
+        )
         write_json(run_dir / CONFIG, config.to_dict())
         if resume_step is None or not (run_dir / HARDWARE).exists():
             write_json(run_dir / HARDWARE, hardware)
         self._metrics = open(run_dir / METRICS, "a")
-        self._tensorboard = None
+        self._tensorboard: EventsFile | None = None
         self._wandb = wandb_run
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
             purge_step = None if resume_step is None else resume_step + config.batch_size
-            # tensorboardX writes from a thread, which a full disk ends; its queue (10 events by default) then
-            # fills, and add_scalar blocks the loop forever before the loop sees the thread's error. A queue of
-            # TENSORBOARD_QUEUE events takes about 90 iterations after the thread has died.
-            self._tensorboard = SummaryWriter(str(run_dir), purge_step=purge_step, max_queue=TENSORBOARD_QUEUE)
+            self._tensorboard = EventsFile(run_dir, self.manifest, purge_step=purge_step)
             if resume_step is None:
                 table = "\n".join(f"|{key}|{value}|" for key, value in config.to_dict().items())
-                self._tensorboard.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+                self._tensorboard.text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._metrics.write(json.dumps({k: _finite_or_none(v) for k, v in record.items()}, allow_nan=False) + "\n")
-        self._metrics.flush()
         scalars = {
             tag: record[name]
             for name, tag in TENSORBOARD_TAGS.items()
             if isinstance(record.get(name), float | int) and math.isfinite(record[name])
         }
-        if self._tensorboard is not None:
-            for tag, value in scalars.items():
-                self._tensorboard.add_scalar(tag, value, record["global_step"])
+        if self._tensorboard is not None:  # before the row: a row is never without its points
+            self._tensorboard.scalars(record["global_step"], scalars)
+        self._metrics.write(json.dumps({k: _finite_or_none(v) for k, v in record.items()}, allow_nan=False) + "\n")
+        self._metrics.flush()
         if self._wandb is not None:
             self._wandb.log({**scalars, "global_step": record["global_step"]}, step=record["global_step"])
 
@@ -97,10 +159,12 @@ class RunWriter:
 def start_wandb(run_dir: Path, config: PPOConfig, *, project: str, entity: str | None) -> Any:
     """A Weights & Biases run for ``run_dir`` (CleanRL's ``--track``), resumed when the run directory is.
 
-    wandb is imported here, only when asked for; the run's id is kept in ``run_dir/wandb.json``.
+    wandb is imported here, only when asked for; the run's id is kept in ``run_dir/wandb.json``, its files in
+    ``run_dir/wandb/``.
     """
     import wandb  # pyright: ignore[reportMissingImports]
 
+    Manifest(run_dir).add_all([("file", WANDB), ("tree", "wandb")])
     id_file = run_dir / WANDB
     run_id = json.loads(id_file.read_text())["id"] if id_file.exists() else uuid.uuid4().hex[:12]
     write_json(id_file, {"id": run_id, "project": project, "entity": entity})

@@ -4,7 +4,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
+from .checks import typechecked
 
+
+@typechecked
 def compute_gae(
     rewards: Float[Array, "T N"],
     values: Float[Array, "T N"],
@@ -34,6 +37,7 @@ def compute_gae(
     return advantages, advantages + values
 
 
+@typechecked
 def compute_gae_by_env(
     rewards: Float[Array, "T R"],
     values: Float[Array, "T R"],

@@ -14,6 +14,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 
 from ..hyperparameters import AgentHyperparameters, Sizes
 from ._types import Batch, EpisodeStats, LossInfo
+from .checks import typechecked
 from .collect import Carry, Collector
 from .networks import ActorCritic
 from .state import AgentKeys, TrainState
@@ -132,6 +133,7 @@ def compose(
     return iteration
 
 
+@typechecked
 def make_iteration(collector: Collector, sizes: Sizes) -> Iteration:
     """The pure PPO iteration on one device: ``collect`` (``num_steps`` env steps and GAE), then ``learn``
     (``update_epochs`` epochs of minibatch steps). Its metrics follow CleanRL's (``learn``, ``episode_metrics``),

@@ -5,6 +5,7 @@ from jaxtyping import Array, Float
 
 from ..hyperparameters import AgentHyperparameters
 from ._types import Batch, LossInfo
+from .checks import one_agent, typechecked
 from .networks import ActorCritic
 
 
@@ -13,6 +14,7 @@ def normalize_advantages(advantages: Float[Array, " B"]) -> Float[Array, " B"]:
     return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
 
 
+@typechecked
 def ppo_loss(
     new_logprob: Float[Array, " B"],
     new_value: Float[Array, " B"],
@@ -31,6 +33,7 @@ def ppo_loss(
     JAX version ignores the flag). The settings are one agent's ``hyperparameters`` (scalar arrays): both
     sides of each flag are computed and one is selected.
     """
+    one_agent(hyperparameters, "ppo_loss")
     h = hyperparameters
     log_ratio = new_logprob - old_logprob
     ratio = jnp.exp(log_ratio)
@@ -54,6 +57,7 @@ def ppo_loss(
     return loss, info
 
 
+@typechecked
 def model_loss(
     model: ActorCritic, batch: Batch, hyperparameters: AgentHyperparameters, *, prepared: bool = False
 ) -> tuple[Float[Array, ""], LossInfo]:

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, Shaped
 
 from . import cpu_kernel
+from .checks import check_actions, typechecked
 
 ConvRoute = Literal["kernel", "matmul", "xla"]
 """How a model computes its convolutions (see this module's docstring)."""
@@ -213,6 +214,14 @@ class NatureCNN(eqx.Module):
         )
         for conv in self.convs:
             height, width = conv.output_size(height), conv.output_size(width)
+        if height < 1 or width < 1:
+            smallest = 1
+            for conv in reversed(self.convs):
+                smallest = (smallest - 1) * conv.stride + conv.weight.shape[0]
+            raise ValueError(
+                f"obs_shape={tuple(obs_shape)}: frames of {obs_shape[1]}x{obs_shape[2]} are too small for the Nature "
+                f"CNN's three convolutions; allowed: at least {smallest}x{smallest}"
+            )
         self.dense = Dense(height * width * 64, 512, gain, key=k4)
 
     def prepare(self, obs: Shaped[Array, "B C H W"], impl: ConvRoute) -> Shaped[Array, "B ..."]:
@@ -281,9 +290,12 @@ class ActorCritic(eqx.Module):
     obs_shape: tuple[int, ...] = eqx.field(static=True)
     conv_impl: ConvRoute = eqx.field(static=True)
 
+    @typechecked
     def __init__(
         self, obs_shape: tuple[int, ...], num_actions: int, *, conv_impl: ConvRoute = "xla", key: PRNGKeyArray
     ):
+        if num_actions < 1:
+            raise ValueError(f"num_actions={num_actions}; allowed: 1 or more")
         if conv_impl not in CONV_ROUTES:
             raise ValueError(
                 f'conv_impl={conv_impl!r} is not a route; allowed: {", ".join(map(repr, CONV_ROUTES))} ("auto" is '
@@ -307,6 +319,13 @@ class ActorCritic(eqx.Module):
         ``prepared=True`` to evaluate a batch many times without relaying it out each time."""
         return obs if self.torso is None else self.torso.prepare(obs, self.conv_impl)
 
+    @property
+    def num_actions(self) -> int:
+        """A: the actions the policy chooses among."""
+        last = self.actor if isinstance(self.actor, Dense) else self.actor.layers[-1]
+        return last.weight.shape[-1]
+
+    @typechecked
     def __call__(
         self, obs: Shaped[Array, " B *obs"], *, prepared: bool = False
     ) -> tuple[Float[Array, "B A"], Float[Array, " B"]]:
@@ -322,10 +341,13 @@ class ActorCritic(eqx.Module):
         hidden = self.torso.apply(obs if prepared else self.prepare(obs), self.conv_impl)
         return self.actor(hidden), self.critic(hidden)[:, 0]
 
+    @typechecked
     def evaluate_actions(
         self, obs: Shaped[Array, " B *obs"], actions: Int[Array, " B"], *, prepared: bool = False
     ) -> tuple[Float[Array, " B"], Float[Array, " B"], Float[Array, " B"]]:
-        """Log-probability of ``actions``, policy entropy and value, each ``[B]``."""
+        """Log-probability of ``actions`` (each in ``0 .. A-1``: checked when they are known, in an eager call),
+        policy entropy and value, each ``[B]``."""
+        check_actions(actions, self.num_actions, "evaluate_actions")
         logits, value = self(obs, prepared=prepared)
         logprob, entropy = categorical_logprob_entropy(logits, actions)
         return logprob, entropy, value

@@ -9,6 +9,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 
 from ._types import AsyncTransition, EnvOutput, EpisodeStats, Observation, Transition
+from .checks import typechecked
 from .envs import AsyncEnv, EnvStep
 from .networks import ActorCritic, categorical_logprob_entropy
 
@@ -69,6 +70,7 @@ def _act(
     return action, logprob, value
 
 
+@typechecked
 def rollout(
     model: ActorCritic,
     env_step: EnvStep,
@@ -87,6 +89,8 @@ def rollout(
     those envs would draw in one rollout over all ``total_envs`` (``sample_actions``).
     """
 
+    _check_rollout(env_step, carry, num_steps)
+
     def step(carry: RolloutCarry, step_key: PRNGKeyArray) -> tuple[RolloutCarry, Transition]:
         action, logprob, value = _act(model, carry.obs, step_key, first_env=first_env, total_envs=total_envs)
         handle, out = env_step(carry.handle, action)
@@ -96,6 +100,22 @@ def rollout(
     carry, transitions = jax.lax.scan(step, carry, jax.random.split(key, num_steps))
     _, last_value = model(carry.obs)
     return carry, transitions, last_value
+
+
+def _check_rollout(env_step: EnvStep, carry: RolloutCarry, num_steps: int) -> None:
+    """``num_steps`` >= 1, and ``env_step`` returning observations like ``carry.obs`` (its shapes, traced once
+    with ``jax.eval_shape``), before the scan would fail on them deep inside jax."""
+    if num_steps < 1:
+        raise ValueError(f"rollout: num_steps={num_steps}; allowed: 1 or more")
+    actions = jax.ShapeDtypeStruct(carry.obs.shape[:1], jnp.int32)
+    _, out = jax.eval_shape(env_step, carry.handle, actions)
+    obs = getattr(out, "obs", None)
+    if obs is None or (obs.shape, obs.dtype) != (carry.obs.shape, carry.obs.dtype):
+        shown = "no EnvOutput" if obs is None else f"obs {obs.dtype}{list(obs.shape)}"
+        raise ValueError(
+            f"rollout: env_step(handle, actions) returns {shown}; allowed: EnvOutput with obs like carry.obs, "
+            f"{carry.obs.dtype}{list(carry.obs.shape)}"
+        )
 
 
 def update_episode_stats_at(

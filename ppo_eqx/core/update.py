@@ -10,6 +10,7 @@ from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 
 from ..hyperparameters import AgentHyperparameters, Sizes
 from ._types import Batch, LossInfo
+from .checks import check_actions, check_fields, one_agent, typechecked
 from .loss import model_loss
 from .networks import ActorCritic
 
@@ -102,6 +103,7 @@ def minibatch_steps(
     return params, opt_state, infos
 
 
+@typechecked
 def update(
     model: ActorCritic,
     opt_state: PyTree,
@@ -118,6 +120,7 @@ def update(
     ``[update_epochs * num_minibatches]`` (epoch-major). The steps run in one ``lax.scan`` with
     ``sizes.minibatch_unroll``.
     """
+    _check_update(model, batch, hyperparameters, sizes)
     # Relayout the observations once for all epochs (a no-op for vector observations).
     batch = batch._replace(obs=model.prepare(batch.obs))
     params, static = eqx.partition(model, eqx.is_array)
@@ -134,3 +137,26 @@ def update(
         unroll=sizes.minibatch_unroll,
     )
     return eqx.combine(params, static), opt_state, infos
+
+
+def _check_update(model: ActorCritic, batch: Batch, hyperparameters: AgentHyperparameters, sizes: Sizes) -> None:
+    """What ``update``'s annotations cannot say: the batch's fields, its observations against the model's, the
+    actions within the model's (when known), and minibatches that split the batch."""
+    if sizes.update_epochs < 1:
+        raise ValueError(f"update: sizes.update_epochs={sizes.update_epochs}; allowed: 1 or more")
+    if sizes.num_minibatches < 1:
+        raise ValueError(f"update: sizes.num_minibatches={sizes.num_minibatches}; allowed: 1 or more")
+    check_fields(batch, "batch", "update")
+    if tuple(batch.obs.shape[1:]) != model.obs_shape:
+        raise ValueError(
+            f"update: batch.obs has shape {list(batch.obs.shape)}; allowed: [B, {', '.join(map(str, model.obs_shape))}]"
+            " (the model's observations)"
+        )
+    size = batch.actions.shape[0]
+    if size % sizes.num_minibatches:
+        raise ValueError(
+            f"update: sizes.num_minibatches={sizes.num_minibatches} does not divide the batch of {size}; allowed: "
+            f"a divisor of {size}"
+        )
+    check_actions(batch.actions, model.num_actions, "update", "batch.actions")
+    one_agent(hyperparameters, "update")

@@ -180,12 +180,26 @@ def check_same_run(file: CheckpointFile, config: PPOConfig) -> None:
         raise CheckpointError(f"checkpoint {file.path} belongs to another run: {shown}")
 
 
+READ_ATTEMPTS = 5
+"""Checkpoints of a run directory tried, newest first, when each vanishes while it is read (pruned by training)."""
+
+
 def read_checkpoint(path: Path) -> CheckpointFile:
     """The checkpoint ``path`` names (a run directory: its newest; a ``.json`` or an ``.eqx`` file), read and
-    checked (``read_metadata``, ``read_arrays``); CheckpointError when it is missing, damaged or unreadable."""
-    path = resolve_checkpoint(path)
-    metadata = read_metadata(path)
-    return CheckpointFile(path, metadata, read_arrays(path, metadata))
+    checked (``read_metadata``, ``read_arrays``); CheckpointError when it is missing, damaged or unreadable.
+
+    A run directory's newest checkpoint that is deleted while it is read (a run in training keeps only its
+    newest few) is not an error: the then newest is read instead. Both files are read whole, once: what is
+    returned is one checkpoint, whatever happens to the files afterwards."""
+    for attempt in range(READ_ATTEMPTS):
+        chosen = resolve_checkpoint(path)
+        try:
+            metadata = read_metadata(chosen)
+            return CheckpointFile(chosen, metadata, read_arrays(chosen, metadata))
+        except CheckpointError:
+            if not (path.is_dir() and not chosen.exists() and attempt + 1 < READ_ATTEMPTS):
+                raise
+    raise AssertionError("unreachable")
 
 
 def read_arrays(path: Path, metadata: dict[str, Any]) -> bytes:
@@ -224,7 +238,7 @@ def load_checkpoint(
     like = eqx.filter_eval_shape(init_checkpoint, config, spec, conv_impl=conv_impl)
     try:
         checkpoint = eqx.tree_deserialise_leaves(io.BytesIO(file.arrays), like)
-    except Exception as error:  # equinox reports a shape, dtype or type mismatch as a RuntimeError with a path
+    except (RuntimeError, ValueError, TypeError, EOFError) as error:  # equinox: a mismatch, as a RuntimeError
         cause = error.__cause__ or error
         message = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
         raise CheckpointError(f"checkpoint {arrays} does not fit this model ({config.env_id}): {message}") from None

@@ -12,20 +12,23 @@ Layout of ``RUN_DIR`` (one agent)::
     eval.json         written by ``ppo-eqx eval``
     wandb.json        the Weights & Biases run id, with --track
 
+and the run's bookkeeping, hidden: ``.ppo-eqx.lock`` (whoever trains holds it) and ``.ppo-eqx-manifest.jsonl``
+(what the run wrote, which ``--overwrite`` deletes), both in ``ownership.py``.
+
 A run of several agents (``--num-seeds S``, ``--sweep``) holds ``seeds.json`` (its config) instead of
 ``config.json``, the checkpoints of all agents, and one such directory per agent: ``seedK/``, or under a sweep
 ``SETTING/seedK/`` with the setting written as its flags (``learning-rate=0.001,ent-coef=0.01/seed1/``). Those are
 the runs that readers of run directories find.
 """
 
+import errno
+import itertools
 import json
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..config import AGENT_PREFIX
 from ..errors import RunDirError
 
 CONFIG = "config.json"
@@ -50,10 +53,15 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def temporary_of(path: Path) -> Path:
+    """The temporary file that ``write_atomic`` writes before it renames it to ``path``."""
+    return path.with_name(f".{path.name}.tmp")
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to a temporary file beside ``path``, fsync it and rename it over ``path``; on any failure
     remove the temporary file and leave ``path`` as it was. A crash leaves the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = temporary_of(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         try:
@@ -90,49 +98,89 @@ def agent_dirs(run_dir: Path, names: Sequence[str]) -> list[Path]:
     return [run_dir / name for name in names]
 
 
-def _is_agent_dir(path: Path) -> bool:
-    return path.is_dir() and path.name.startswith(AGENT_PREFIX) and path.name[len(AGENT_PREFIX) :].isdigit()
-
-
 def holds_run(run_dir: Path) -> bool:
     """Whether ``run_dir`` holds (part of) a run: any of ``MARKERS``."""
     return run_dir.is_dir() and any((run_dir / name).exists() for name in MARKERS)
 
 
-def clear_run(run_dir: Path) -> None:
-    """Delete everything a run wrote in ``run_dir`` (agents' directories too); other files stay."""
-    for name in (*RUN_FILES, SEEDS_CONFIG):
-        (run_dir / name).unlink(missing_ok=True)
-    for events in run_dir.glob(TENSORBOARD_GLOB):
-        events.unlink()
-    shutil.rmtree(run_dir / CHECKPOINT_DIR, ignore_errors=True)
-    setting_dirs = [path for path in run_dir.glob("*=*") if path.is_dir()]
-    for agent in [*run_dir.glob(f"{AGENT_PREFIX}*"), *(a for s in setting_dirs for a in s.glob(f"{AGENT_PREFIX}*"))]:
-        if _is_agent_dir(agent) and holds_run(agent):
-            clear_run(agent)
-            if not any(agent.iterdir()):
-                agent.rmdir()
-    for setting in setting_dirs:
-        if not any(setting.iterdir()):
-            setting.rmdir()
+def _listed(iterations: Sequence[int]) -> str:
+    shown = ", ".join(map(str, iterations[:5]))
+    return shown + (f", ... ({len(iterations)} rows)" if len(iterations) > 5 else "") if iterations else "none"
+
+
+def checked_metrics(path: Path, last_iteration: int) -> list[str]:
+    """The lines of ``metrics.jsonl`` that a run resumed from its checkpoint of ``last_iteration`` keeps: the rows
+    of iterations 1 .. ``last_iteration``, each once and in order. What a kill or a copy can leave is repaired
+    (a line cut short or not JSON, rows after the checkpoint, a row repeated, rows out of order); a row that is
+    missing, or two different rows of one iteration, cannot be: RunDirError, as resuming would extend a history
+    with a gap or a row of another run. Reads only."""
+    rows: dict[int, dict[str, Any]] = {}
+    lines: dict[int, str] = {}
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        text = None
+    except OSError as error:
+        raise RunDirError(f"cannot read {path}: {error.strerror}") from None
+    if text is None and last_iteration:
+        raise RunDirError(
+            f"{path} is missing; resuming would leave iterations 1 .. {last_iteration} without metrics: restore it "
+            "or --overwrite"
+        )
+    for line in (text or "").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        iteration = row.get("iteration") if isinstance(row, dict) else None
+        if not isinstance(iteration, int) or not 1 <= iteration <= last_iteration:
+            continue
+        if iteration in rows and rows[iteration] != row:
+            raise RunDirError(
+                f"{path} holds two different rows of iteration {iteration}; resuming would keep a row of another "
+                "run: restore it or --overwrite"
+            )
+        rows[iteration], lines[iteration] = row, line
+    missing = [i for i in range(1, last_iteration + 1) if i not in rows]
+    if missing:
+        raise RunDirError(
+            f"{path} lacks iteration {missing[0]} (it has {_listed(sorted(rows))}); resuming would leave a gap: "
+            "restore it or --overwrite"
+        )
+    return [lines[i] + "\n" for i in range(1, last_iteration + 1)]
 
 
 def truncate_metrics(path: Path, last_iteration: int) -> int:
-    """Keep the rows of ``metrics.jsonl`` up to ``last_iteration`` (and none that a kill cut short); atomic.
-
-    Returns the number of rows kept.
-    """
-    kept = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(row, dict) and isinstance(row.get("iteration"), int) and row["iteration"] <= last_iteration:
-                kept.append(line + "\n")
+    """Keep the rows of ``metrics.jsonl`` up to ``last_iteration`` (``checked_metrics``: each once, in order),
+    atomically. Returns the number of rows kept."""
+    kept = checked_metrics(path, last_iteration)
     write_atomic(path, "".join(kept).encode())
     return len(kept)
+
+
+def claim_new_dir(base: Path) -> Path:
+    """Create ``base`` as a new, empty directory (its parents as needed), or if it exists the first of
+    ``base__2``, ``base__3``, ... that does not: ``mkdir`` is atomic, so two runs started at once get two."""
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for n in itertools.count(1):
+            path = base if n == 1 else base.with_name(f"{base.name}__{n}")
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                continue
+    except OSError as error:
+        raise RunDirError(f"--run-dir {base} is not writable: {error.strerror}") from None
+    raise AssertionError("unreachable")
+
+
+def make_dirs(flag: str, path: Path) -> None:
+    """``mkdir -p path``, or RunDirError naming ``flag``."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RunDirError(f"{flag} {path} is not writable: {error.strerror}") from None
 
 
 MAX_PATH = 4096
@@ -162,10 +210,19 @@ def check_path(flag: str, path: Path) -> None:
             raise RunDirError(f"{flag} {path}: {parent} is a file, not a directory")
 
 
-def run_file(path: Path, run_dir: Path) -> str | None:
+def resolved(flag: str, path: Path) -> Path:
+    """``path.resolve()``, or RunDirError for a symbolic link loop (Python 3.11 raises RuntimeError, 3.13 OSError)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as error:
+        reason = getattr(error, "strerror", None) or os.strerror(errno.ELOOP)
+        raise RunDirError(f"{flag} {path}: a symbolic link loop ({reason})") from None
+
+
+def run_file(path: Path, run_dir: Path, flag: str = "path") -> str | None:
     """The name of ``run_dir``'s own file that ``path`` is (or lies in), else None (``eval.json`` excepted)."""
     try:
-        relative = path.resolve().relative_to(run_dir.resolve())
+        relative = resolved(flag, path).relative_to(resolved(flag, run_dir))
     except ValueError:
         return None
     name = relative.parts[0] if relative.parts else "."
@@ -175,8 +232,8 @@ def run_file(path: Path, run_dir: Path) -> str | None:
 
 def _check_not_in_a_run(flag: str, path: Path) -> None:
     """RunDirError if ``path`` is, or lies in, one of the own files of a run in a directory above it."""
-    for parent in path.resolve().parents:
-        own = run_file(path, parent) if holds_run(parent) else None
+    for parent in resolved(flag, path).parents:
+        own = run_file(path, parent, flag) if holds_run(parent) else None
         if own is not None:
             raise RunDirError(f"{flag} {path} is in the {own} of the run in {parent}; allowed: a path of its own")
 
@@ -187,7 +244,7 @@ def check_output(flag: str, path: Path, run_dir: Path) -> None:
     check_path(flag, path)
     if path.is_dir():
         raise RunDirError(f"{flag} {path} is a directory; allowed: a file name")
-    own = run_file(path, run_dir)
+    own = run_file(path, run_dir, flag)
     if own is not None:
         raise RunDirError(f"{flag} {path} is the run's own {own}; allowed: another file")
     _check_not_in_a_run(flag, path)
@@ -213,17 +270,3 @@ def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
     existing = next((p for p in (run_dir, *run_dir.parents) if p.exists()), Path("."))
     if not os.access(existing, os.W_OK | os.X_OK):
         raise RunDirError(f"--run-dir {run_dir} is not writable: {existing} is not writable")
-
-
-def make_run_dir(run_dir: Path, overwrite: bool) -> None:
-    """Create ``run_dir`` (and its parents) and, with ``overwrite``, clear the run it holds: call only once
-    every input has been checked."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / f".write-test-{os.getpid()}"
-        probe.touch()
-        probe.unlink()
-    except OSError as error:
-        raise RunDirError(f"--run-dir {run_dir} is not writable: {error.strerror}") from None
-    if overwrite and holds_run(run_dir):
-        clear_run(run_dir)

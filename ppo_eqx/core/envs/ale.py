@@ -21,6 +21,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import ale_py
 import ale_py.roms
 import chex  # noqa: F401  (AtariVectorEnv.xla() imports it; a missing one is reported by envs.backend)
 import jax.numpy as jnp
@@ -55,10 +56,13 @@ SETTINGS: dict[str, Any] = {
 
 @functools.cache
 def games() -> dict[str, str]:
-    """``*-v5`` id -> ALE's game name, for every ROM ale_py ships (EnvPool's naming: ``montezuma_revenge`` is
-    ``MontezumaRevenge-v5``)."""
+    """``*-v5`` id -> ALE's game name, for every ROM ale_py ships that it can load for one player (EnvPool's
+    naming: ``montezuma_revenge`` is ``MontezumaRevenge-v5``). ale_py 0.12.1 ships four that it cannot (Combat,
+    Joust, MazeCraze, Warlords: ``isSupportedROM`` is None): making one ends the process in ALE's C++."""
     return {
-        "".join(word.capitalize() for word in name.split("_")) + "-v5": name for name in ale_py.roms.get_all_rom_ids()
+        "".join(word.capitalize() for word in name.split("_")) + "-v5": name
+        for name in ale_py.roms.get_all_rom_ids()
+        if ale_py.ALEInterface.isSupportedROM(str(ale_py.roms.get_rom_path(name))) is not None
     }
 
 

@@ -60,7 +60,7 @@ def _make(env_id: str, seeds: Sequence[int], **kwargs: Any) -> Any:
     with _quiet_gymnasium():
         pool = envpool.make(env_id, **kwargs)
         # The spaces are built (and warned about) once, here: the traced XLA calls read them too.
-        pool.observation_space, pool.action_space  # noqa: B018
+        _ = pool.observation_space, pool.action_space
     return pool
 
 

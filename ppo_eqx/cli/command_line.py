@@ -7,7 +7,8 @@ written before is intact), 130/143 stopped by SIGINT/SIGTERM after a checkpoint.
 
 import argparse
 import dataclasses
-import signal
+import errno
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -15,7 +16,9 @@ from typing import Any, NoReturn
 
 from ..config import FIELD_CHOICES, FIELD_TYPES, INT32_MAX, NOT_SWEEPABLE, SWEEPABLE, PPOConfig, flag
 from ..errors import ConfigError, RunDirError, RunError, UsageError
+from ..host.ownership import refuse_if_held
 from ..host.rundir import path_problem
+from .environment import XlaFlagsProbe
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,6 +30,11 @@ def _path(text: str) -> Path:
     problem = path_problem(text)
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
+    try:
+        os.stat(text)
+    except OSError as error:  # a path that does not exist yet is fine; one that cannot be resolved is not
+        if error.errno == errno.ELOOP:
+            raise argparse.ArgumentTypeError(f"{text} is a symbolic link loop ({error.strerror})") from None
     return Path(text)
 
 
@@ -191,16 +199,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse_a_held_run_dir(args: argparse.Namespace) -> None:
+    """The run directory that another process trains in is refused at once, before jax is imported (the lock
+    itself is taken later, ``train_command``). The processes of a multi-process run share theirs."""
+    if not (args.distributed or args.coordinator_address):
+        for path in (args.resume, args.run_dir):
+            if path is not None:
+                refuse_if_held(path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    probe = None
     try:
         args = build_parser().parse_args(argv)
         if args.command == "train":
+            _refuse_a_held_run_dir(args)
+        probe = XlaFlagsProbe()  # while the command imports jax
+        if args.command == "train":
             from .train_command import train_command
 
-            return train_command(args)
+            return train_command(args, probe)
         from .eval_command import eval_command
 
-        return eval_command(args)
+        return eval_command(args, probe)
     except (UsageError, ConfigError, RunDirError) as error:
         _error(error)
         return 2
@@ -214,6 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"{error.filename}: " if error.filename else ""
         _error(f"{where}{error.strerror or error}")
         return 1
+    finally:
+        if probe is not None:
+            probe.close()
 
 
 MAX_WORD = 200
@@ -224,11 +248,3 @@ def _error(message: object) -> None:
     """``message`` as one ``ppo-eqx: error:`` line on stderr, each word longer than ``MAX_WORD`` cut short."""
     words = (word if len(word) <= MAX_WORD else f"{word[: MAX_WORD - 3]}..." for word in str(message).split())
     print("ppo-eqx: error:", *words, file=sys.stderr)
-
-
-def entry_point() -> None:
-    code = main()
-    # A Ctrl-C from here on would interrupt jax's exit hooks with a traceback: the run is over, ignore it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.exit(code)
