@@ -111,6 +111,8 @@ class Sizes(NamedTuple):
     num_iterations: int
     """The length of the learning rate's annealing."""
     minibatch_unroll: int = 1
+    iterations_per_dispatch: int = 1
+    """The most iterations one program runs (``core.iteration.over_iterations``); 1: the iteration alone."""
 
 
 if [field.name for field in dataclasses.fields(Hyperparameters)] != list(AgentHyperparameters.__annotations__):
