@@ -191,7 +191,12 @@ def device_memory_mib() -> float | None:
 
 
 def write_results(rows: list[dict[str, Any]], header: dict[str, Any], json_path: Path | None) -> None:
-    """Print ``rows`` as an aligned table and, with ``json_path``, write header and rows as JSON."""
+    """Print ``rows`` as an aligned table and, with ``json_path``, write header and rows as JSON.
+
+    ``header["environment"]`` (``environment()``) says where the figures hold: every result records it.
+    """
+    if "environment" not in header:
+        raise ValueError("a bench result's header needs its 'environment' (bench/_common.py's environment())")
     columns: list[str] = []
     for row in rows:
         columns += [key for key in row if key not in columns]
@@ -215,10 +220,12 @@ def write_results(rows: list[dict[str, Any]], header: dict[str, Any], json_path:
         print(f"# written to {json_path}")
 
 
-def environment() -> dict[str, Any]:
+def environment(conv_impl: str | None) -> dict[str, Any]:
+    """``hardware_info`` and jax's backend. ``conv_impl``: the route the bench's model computed its convolutions
+    with (``model.conv_impl``, what "auto" resolved to); None where the rows differ and each row names its own."""
     from ppo_eqx.cli.hardware import hardware_info
 
-    info = hardware_info()
+    info = hardware_info(conv_impl)
     info["backend"] = jax.default_backend()
     return info
 

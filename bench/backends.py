@@ -155,6 +155,7 @@ def speeds(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "train_median_sps": config.batch_size / statistics.median(step_times),
                 "fraction_of_env_only": train_sps / env_sps,
                 "compile_s": compile_s,
+                "conv_impl": trainer.state.model.conv_impl,
             }
         )
         print(f"# {name}: env-only {env_sps:.0f} steps/s, training {train_sps:.0f} steps/s", flush=True)
@@ -166,7 +167,7 @@ def main() -> None:
     scores = compare_scores(args.games, args.episodes, args.score_envs)
     speed_rows = speeds(args)
     header = {
-        "environment": environment(),
+        "environment": environment(None),  # each speed row names its conv_impl
         "score_test": "two-sided Mann-Whitney U (and KS) on raw random-policy scores of whole games",
         "bonferroni_alpha": 0.05 / len(args.games),
         "power": 0.8,

@@ -72,7 +72,11 @@ def main() -> None:
         "mann_whitney_p": float(stats.mannwhitneyu(envpool, ale, alternative="two-sided").pvalue),
         "zero_in_interval": low <= 0 <= high,
     }
-    header = {"environment": environment(), "train_s": train_s, "returns": {k: v.tolist() for k, v in returns.items()}}
+    header = {
+        "environment": environment(model.conv_impl),
+        "train_s": train_s,
+        "returns": {k: v.tolist() for k, v in returns.items()},
+    }
     write_results([row], header, args.json)
 
 

@@ -265,7 +265,7 @@ def conv_route(python: str, env: dict[str, str], conv_impl: str) -> dict[str, An
     reads PPO_EQX_KERNEL_ISA at all (if not, the variable is ignored)."""
     resolved = python_output(
         python,
-        f"from ppo_eqx.networks import choose_conv_impl; print(choose_conv_impl({conv_impl!r}, (4, 84, 84)))",
+        f"from ppo_eqx import resolve_conv_impl; print(resolve_conv_impl({conv_impl!r}, (4, 84, 84)))",
         env,
     ).splitlines()[-1]
     reads_variable = python_output(

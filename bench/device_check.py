@@ -101,7 +101,7 @@ def environment_part(settings: Settings) -> dict[str, Any]:
     device = jax.devices()[0]
     limit = (device.memory_stats() or {}).get("bytes_limit")
     return {
-        **environment(),
+        **environment(None),  # each train part's row names its conv_impl
         "devices": [str(d) for d in jax.devices()],
         "device_kind": device.device_kind,
         "device_limit_mib": limit / 2**20 if limit else None,

@@ -149,8 +149,7 @@ def main() -> None:
     iteration_sps = rows[-1]["env_steps_per_s"]
     header = {
         "config": {k: v for k, v in dataclasses.asdict(config).items() if k != "total_timesteps"},
-        "environment": environment(),
-        "conv_impl": conv_impl,
+        "environment": environment(conv_impl),
         **ceilings,
         "compute_limit_sps": limit_sps,
         "iteration_sps": iteration_sps,

@@ -189,7 +189,7 @@ def main() -> None:
         )
     products = sum(ms for name, ms in ops.items() if product_flops(name, table))
     header = {
-        "environment": environment(),
+        "environment": environment(model.conv_impl),
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "matmul_gflops": flop_rate / 1e9,
         "update_ms": update_ms,

@@ -75,7 +75,7 @@ def main() -> None:
             f"RSS {rss[0]:.0f} -> {rss[-1]:.0f} MiB",
             flush=True,
         )
-    write_results(rows, {"env_id": args.env_id}, args.json)
+    write_results(rows, {"env_id": args.env_id, "environment": header["environment"]}, args.json)
 
 
 if __name__ == "__main__":

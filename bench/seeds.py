@@ -85,9 +85,8 @@ def worker(args: argparse.Namespace) -> None:
     seconds = time.perf_counter() - start
     trainer.close()
     steps = trainer.config.num_agents * args.iterations * trainer.config.batch_size  # every agent's steps
-    print(
-        json.dumps({"compile_s": compile_s, "env_steps": steps, "seconds": seconds, "env_steps_per_s": steps / seconds})
-    )
+    timings = {"compile_s": compile_s, "env_steps": steps, "seconds": seconds, "env_steps_per_s": steps / seconds}
+    print(json.dumps({**timings, "conv_impl": trainer.state.model.conv_impl}))
 
 
 def spawn(args: argparse.Namespace, agent: int | None = None) -> subprocess.Popen:
@@ -174,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         "timed_iterations": args.iterations,
         "env_only_sps": ceiling,
         "load_average": os.getloadavg(),  # on a shared machine, other jobs' share of the cores
-        "environment": environment(),
+        "environment": environment(one["conv_impl"]),  # every worker trains the same model
     }
     write_results(rows, header, args.json)
 

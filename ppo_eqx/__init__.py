@@ -11,7 +11,7 @@ Train and keep the result::
 Resume with ``Trainer(config, restore=load_checkpoint(read_checkpoint(path), config, spec))``, play with
 ``evaluate``. The pure pieces compose without a Trainer: ``init_state`` and ``make_iteration`` (one jittable
 iteration; ``over_iterations``, many in one program), ``sync_collector`` (``jax_env_collector`` for envs written
-in JAX), ``update``, ``ppo_loss``, ``compute_gae``, ``ActorCritic``. The layout:
+in JAX), ``rollout``, ``update``, ``ppo_loss``, ``compute_gae``, ``ActorCritic``. The layout:
 ``ppo_eqx.core`` the pure functions, ``ppo_eqx.host`` what runs them (trainer, loop, checkpoints), ``ppo_eqx.cli``
 the ``ppo-eqx`` program; everything here is re-exported from there.
 """
@@ -40,6 +40,9 @@ from .core.iteration import over_iterations as over_iterations
 from .core.loss import model_loss as model_loss
 from .core.loss import ppo_loss as ppo_loss
 from .core.networks import ActorCritic as ActorCritic
+from .core.rollout import RolloutCarry as RolloutCarry
+from .core.rollout import init_episode_stats as init_episode_stats
+from .core.rollout import rollout as rollout
 from .core.state import Checkpoint as Checkpoint
 from .core.state import TrainState as TrainState
 from .core.update import make_optimizer as make_optimizer

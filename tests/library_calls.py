@@ -8,6 +8,7 @@ it to ``{"raised": null}`` or ``{"raised": "TypeError", "message": ..., "where":
 raised it, jax's internal frames shown). test_library_checks.py holds the cases.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ import numpy as np
 
 from ppo_eqx import (
     ActorCritic,
+    AgentHyperparameters,
     Batch,
     EnvOutput,
     EnvSpec,
@@ -70,15 +72,24 @@ def gae(**changes: Any) -> Any:
     return compute_gae(**args, **kwargs)
 
 
+CONFIG = PPOConfig(env_id="CartPole-v1", num_envs=N, num_steps=T, num_minibatches=2, total_timesteps=4 * N * T)
+HYPERPARAMETERS = CONFIG.agent_hyperparameters()
+"""One agent's hyperparameters, scalar arrays (CartPole's clip_coef 0.2, vf_coef 0.5, ent_coef 0.01)."""
+
+
+def hyperparameters(**changes: Any) -> AgentHyperparameters:
+    """``HYPERPARAMETERS`` with some fields replaced, as a user's script replaces them."""
+    return dataclasses.replace(HYPERPARAMETERS, **changes)
+
+
 def loss(**changes: Any) -> Any:
     args = {
         name: f32(B)
         for name in ("new_logprob", "new_value", "entropy", "old_logprob", "old_value", "advantages", "returns")
     }
-    kwargs: dict[str, Any] = {"clip_coef": 0.2, "vf_coef": 0.5, "ent_coef": 0.01}
-    for name, value in changes.items():
-        (args if name in args else kwargs)[name] = value
-    return ppo_loss(**args, **kwargs)
+    settings = {name: value for name, value in changes.items() if name not in args}
+    args.update({name: value for name, value in changes.items() if name in args})
+    return ppo_loss(**args, hyperparameters=hyperparameters(**settings))
 
 
 def value_loss_when_values_are_the_returns(values: jax.Array, returns: jax.Array) -> float:
@@ -119,34 +130,30 @@ def batch(**changes: Any) -> Batch:
     return Batch(**{**fields, **changes})
 
 
-OPTIMIZER = make_optimizer(PPOConfig(env_id="CartPole-v1", num_envs=N, num_steps=T, num_minibatches=2))
-OPT_STATE = OPTIMIZER.init(eqx.filter(vector_model, eqx.is_array))
+OPT_STATE = make_optimizer(HYPERPARAMETERS, CONFIG.sizes).init(eqx.filter(vector_model, eqx.is_array))
 
 
 def learn(**changes: Any) -> Any:
+    """``update`` of ``batch()`` in 2 minibatches, 2 epochs; a change of ``num_minibatches`` or ``update_epochs``
+    goes into ``sizes``."""
     args: dict[str, Any] = {"model": vector_model, "opt_state": OPT_STATE, "batch": batch()}
-    kwargs: dict[str, Any] = {
-        "optimizer": OPTIMIZER,
-        "num_minibatches": 2,
-        "update_epochs": 2,
-        "clip_coef": 0.2,
-        "vf_coef": 0.5,
-        "ent_coef": 0.01,
-        "key": KEY,
-    }
+    kwargs: dict[str, Any] = {"sizes": CONFIG.sizes._replace(update_epochs=2), "key": KEY}
     for name, value in changes.items():
-        (args if name in args else kwargs)[name] = value
-    return update(args["model"], args["opt_state"], args["batch"], **kwargs)
+        if name in args:
+            args[name] = value
+        elif name in kwargs["sizes"]._fields:
+            kwargs["sizes"] = kwargs["sizes"]._replace(**{name: value})
+        else:
+            kwargs[name] = value
+    return update(args["model"], args["opt_state"], args["batch"], HYPERPARAMETERS, **kwargs)
 
 
 def iteration(**changes: Any) -> Any:
-    config = PPOConfig(env_id="CartPole-v1", num_envs=N, num_steps=T, num_minibatches=2, total_timesteps=4 * N * T)
     spec = EnvSpec("CartPole-v1", (D,), np.dtype(np.float32), A, "vector")
     pool = Pool(spec, jnp.zeros(N, jnp.int32), fake_env_step, np.ones((N, D), np.float32), lambda: None, None)  # type: ignore[arg-type]
-    collector = sync_collector(pool, num_steps=T, gamma=0.99, gae_lambda=0.95)
-    args: dict[str, Any] = {"config": config, "collector": collector, "optimizer": make_optimizer(config)}
+    args: dict[str, Any] = {"collector": sync_collector(pool, num_steps=T), "sizes": CONFIG.sizes}
     args.update(changes)
-    return make_iteration(args["config"], args["collector"], args["optimizer"])
+    return make_iteration(args["collector"], args["sizes"])
 
 
 def callbacks_in(fn: Any, *args: Any) -> list[str]:

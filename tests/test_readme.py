@@ -39,5 +39,5 @@ def test_the_public_face_has_the_library_and_not_its_internals():
         assert callable(getattr(ppo_eqx, name)), name
     for name in ("init_state", "make_iteration", "resolve_conv_impl", "AgentHyperparameters", "PPOConfig"):
         assert hasattr(ppo_eqx, name), name
-    for internal in ("RolloutCarry", "AsyncRolloutCarry", "OneDevice", "Placement", "agent_axes"):
+    for internal in ("AsyncRolloutCarry", "OneDevice", "Placement", "agent_axes"):
         assert not hasattr(ppo_eqx, internal), internal

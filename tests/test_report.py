@@ -12,7 +12,6 @@ Synthetic anchors (never the real CSVs), per game: random/human score, CleanRL a
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tomllib
@@ -24,7 +23,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ppo_eqx.cli.hardware import _cpu_model, hardware_info
 from ppo_eqx.errors import RunDirError
 from ppo_eqx_bench import anchors, report, runs, stats
 
@@ -626,33 +624,3 @@ def test_cli_help_runs_as_a_script() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "--anchors" in result.stdout and "PPO_EQX_ANCHORS" in result.stdout
-
-
-# ------------------------------------------------------------------------------------------ hardware
-
-
-def test_hardware_info_has_every_field() -> None:
-    info = hardware_info()
-    assert set(info) == {
-        "cpu_model",
-        "cpu_count",
-        "gpu_name",
-        "jax_version",
-        "jaxlib_version",
-        "envpool_version",
-        "python_version",
-        "platform",
-    }
-    assert info["cpu_count"] == os.cpu_count()
-    assert info["python_version"] == ".".join(map(str, sys.version_info[:3]))
-    json.dumps(info)  # what run directories store
-
-
-def test_cpu_model_reads_proc_cpuinfo(tmp_path: Path) -> None:
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(
-        "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Test Xeon 9000\n\n"
-        "processor\t: 1\nmodel name\t: Test Xeon 9000\n"
-    )
-    assert _cpu_model(cpuinfo) == "Test Xeon 9000"
-    assert _cpu_model(tmp_path / "absent") == (platform.processor() or None)

@@ -133,7 +133,7 @@ class Supervisor:
             f"{_agents(config)}, "
             f"run directory {plan.run_dir}, jax {jax.__version__} on {jax.default_backend()}{devices}"
         )
-        hardware = {**hardware_info(), "conv_impl": self.conv_impl}  # the route the convolutions take here
+        hardware = hardware_info(self.conv_impl)  # with the route the convolutions take here
         if self.mesh is not None:
             hardware["mesh"] = {"devices": self.mesh.size, "processes": jax.process_count()}
         self.writers = self._make_writers(hardware) if self.writes else []
