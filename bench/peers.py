@@ -122,7 +122,8 @@ def run_runner(python: Path, runner: str, extra: list[str], task: str, agents: i
     """One peer's run in a fresh process of ``python``; its JSON result, or ``{"error": ...}``."""
     with tempfile.TemporaryDirectory() as tmp:
         out, log = Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
-        command = [str(python), str(RUNNERS / runner), "--task", task, "--num-agents", str(agents)]
+        # absolute, not resolved: a venv's python is a link that must keep its venv; the runner runs in RUNNERS
+        command = [str(python.absolute()), str(RUNNERS / runner), "--task", task, "--num-agents", str(agents)]
         command += ["--seed", str(args.seed), "--out", str(out), *extra]
         if task == "breakout":
             command += ["--num-iterations", str(args.breakout_iterations)]
