@@ -3,6 +3,8 @@ beside random play's score.
 
     python bench/learning_curve.py                      # Breakout-v5, 1M env steps per agent, seeds 1 and 2
     python bench/learning_curve.py --plot-only --run-dir runs/learning_curve   # plot a run, finished or not
+    python bench/learning_curve.py --env-backend gymnax --env-id Breakout-MinAtar --total-timesteps 10000000 \
+        --num-seeds 4 --run-dir runs/breakout_minatar --out bench/results/learning_curve_breakout_minatar
 
 Without --plot-only: a finished run in RUN_DIR (every agent's summary.json written) is only plotted; an
 unfinished one is continued (`ppo-eqx train --resume RUN_DIR`) and then plotted; an empty or missing RUN_DIR
@@ -15,7 +17,8 @@ Writes OUT.png and OUT.json (the curves, each seed's final return, random play's
 10M-step return, the wall time, the hardware and the command). The final return is the report's convention
 (ppo_eqx_bench.stats.final_return: the mean over the last 10% of iterations). CleanRL's published returns are
 at 10M steps, measured on a GPU: they are stated in the caption and the JSON, not drawn, since a 1M-step
-curve is not comparable with them.
+curve is not comparable with them. A MinAtar game's published 10M-step PPO return (gymnax-blines', the return
+that gymnax's README gives its PPO checkpoint) is drawn: a 10M-step run on gymnax is its like.
 """
 
 import argparse
@@ -40,7 +43,15 @@ from ppo_eqx_bench.runs import Run, find_run_dirs, load_run  # noqa: E402
 from ppo_eqx_bench.stats import FINAL_FRACTION, WINDOW, final_return, steps_text  # noqa: E402
 
 NO_RUN, UNFINISHED, FINISHED = "no run", "unfinished", "finished"
-DEFAULTS = {"env_id": "Breakout-v5", "total_timesteps": 1_000_000, "num_seeds": 2, "seed": 1}
+DEFAULTS = {"env_id": "Breakout-v5", "total_timesteps": 1_000_000, "num_seeds": 2, "seed": 1, "env_backend": "envpool"}
+PUBLISHED_10M = {
+    "Breakout-MinAtar": 28.0,
+    "SpaceInvaders-MinAtar": 131.0,
+    "Asterix-MinAtar": 15.0,
+    "Freeway-MinAtar": 58.0,
+}
+"""gymnax-blines' PPO on gymnax's MinAtar games after 10M steps (64 envs, 2 x 256 ReLU MLPs on the flattened grid:
+ppo-eqx's ``grid`` preset), as gymnax's README gives its checkpoints' returns (the figures of issue 25)."""
 
 
 class LearningCurveError(Exception):
@@ -55,6 +66,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--num-seeds", type=int, default=DEFAULTS["num_seeds"], help="(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="the first seed (default: %(default)s)")
+    parser.add_argument(
+        "--env-backend", default=DEFAULTS["env_backend"], help="envpool, ale or gymnax (default: %(default)s)"
+    )
     parser.add_argument("--run-dir", type=Path, default=Path("runs/learning_curve"), help="(default: %(default)s)")
     parser.add_argument(
         "--out",
@@ -154,15 +168,19 @@ def describe_hardware(hardware: dict[str, Any] | None) -> str:
 def script_command(config: dict[str, Any], out: Path) -> str:
     """The command that trains such a run afresh (in the default run directory) and plots it."""
     args = ["python", "bench/learning_curve.py"]
-    for name in ("env_id", "total_timesteps", "num_seeds", "seed"):
+    for name in DEFAULTS:
         args += ["--" + name.replace("_", "-"), str(config.get(name, DEFAULTS[name]))]
     return shlex.join([*args, "--out", str(out)])
 
 
-def train_args(env_id: str, total_timesteps: int, num_seeds: int, seed: int, run_dir: Path) -> list[str]:
+def train_args(
+    env_id: str, total_timesteps: int, num_seeds: int, seed: int, run_dir: Path, env_backend: str = "envpool"
+) -> list[str]:
     """`ppo-eqx train`'s arguments for a new run."""
     return [
         "train",
+        "--env-backend",
+        env_backend,
         "--env-id",
         env_id,
         "--total-timesteps",
@@ -186,6 +204,7 @@ def curve_data(
     cleanrl_10m: dict[str, Any] | None,
     out: Path,
     window: int = WINDOW,
+    published: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Everything the plot and the JSON show, JSON-ready (no NaN: null instead)."""
     if not runs:
@@ -211,12 +230,24 @@ def curve_data(
         "random_score": random_score,
         "random_score_source": f"ppo_eqx_bench/data/{HUMAN_RANDOM_CSV}",
         "cleanrl_10m_return": cleanrl_10m,
+        "published_return": published,
+        "hyperparameters_text": "gymnax-blines' hyperparameters" if published else "CleanRL's hyperparameters",
         "wall_seconds": max(run.final_seconds for run in runs),  # the agents trained together, in one program
         "hardware": hardware,
         "hardware_text": describe_hardware(hardware),
         "command": script_command({"num_seeds": len(runs), **config}, out),
         "train_command": shlex.join(
-            ["ppo-eqx", *train_args(env_id, int(total_timesteps or 0), int(num_seeds), first_seed, run_dir)]
+            [
+                "ppo-eqx",
+                *train_args(
+                    env_id,
+                    int(total_timesteps or 0),
+                    int(num_seeds),
+                    first_seed,
+                    run_dir,
+                    str(config.get("env_backend", DEFAULTS["env_backend"])),
+                ),
+            ]
         ),
     }
 
@@ -243,6 +274,18 @@ def reference_scores(env_id: str) -> tuple[float | None, dict[str, Any] | None]:
             "note": "published for 10M steps per run, measured on a GPU: not comparable with a shorter run",
         }
     return random_score, cleanrl
+
+
+def published_return(env_id: str) -> dict[str, Any] | None:
+    """The published 10M-step PPO return of a MinAtar game (``PUBLISHED_10M``); None for any other task."""
+    if env_id not in PUBLISHED_10M:
+        return None
+    return {
+        "mean": PUBLISHED_10M[env_id],
+        "steps": 10_000_000,
+        "label": "gymnax-blines' PPO at 10M steps",
+        "source": "gymnax's README (gymnax-blines' PPO checkpoints), as issue 25 quotes it",
+    }
 
 
 def json_text(data: dict[str, Any]) -> str:
@@ -310,7 +353,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _check_matches(saved_config(run_dir) or {}, args)
                 train(["train", "--resume", str(run_dir), "--no-progress"])
             else:
-                train(train_args(args.env_id, args.total_timesteps, args.num_seeds, args.seed, run_dir))
+                train(
+                    train_args(args.env_id, args.total_timesteps, args.num_seeds, args.seed, run_dir, args.env_backend)
+                )
             if run_state(run_dir) != FINISHED:
                 raise LearningCurveError(f"training ended without finishing {run_dir}; run this again to continue")
         elif not args.plot_only:
@@ -319,8 +364,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not runs:
             raise LearningCurveError(f"{run_dir}: no agent has logged an iteration yet")
         config = saved_config(run_dir) or runs[0].config
-        random_score, cleanrl = reference_scores(str(config.get("env_id", runs[0].env_id)))
-        data = curve_data(runs, config, run_dir, random_score=random_score, cleanrl_10m=cleanrl, out=args.out)
+        env_id = str(config.get("env_id", runs[0].env_id))
+        random_score, cleanrl = reference_scores(env_id)
+        data = curve_data(
+            runs,
+            config,
+            run_dir,
+            random_score=random_score,
+            cleanrl_10m=cleanrl,
+            out=args.out,
+            published=published_return(env_id),
+        )
         png, json_path = write_outputs(data, args.out)
     except (LearningCurveError, rundir.RunDirError, OSError) as error:
         print(f"learning_curve.py: {error}", file=sys.stderr)

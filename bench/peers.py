@@ -2,7 +2,9 @@
 
 Each peer runs from its own checkout or venv (given as paths; nothing of theirs is imported here or into ppo_eqx)
 through a small runner in ``bench/peer_runners/`` that its Python executes: the task's settings, the whole run
-compiled as one program (``jax.jit``, compile and run timed apart), vmapped over ``--agents`` seeds. Reported per
+compiled as one program (``jax.jit``, compile and run timed apart), vmapped over ``--agents`` seeds. ppo-eqx runs
+as its users run it, ``ppo-eqx train --env-backend gymnax --num-seeds A`` with its preset (``run_ppo_eqx.py``): its
+compile time is the one it prints, its run time the loop's (metrics and checkpoints written included). Reported per
 (task, agents, peer): compile seconds, run seconds, their sum (the wall time including compile), the time to a
 return of 475 on CartPole (compile + the run's share up to the first iteration whose ``episodic_return``
 reaches it; median over agents), how many agents got there, and the final ``episodic_return`` (CleanRL's: the
@@ -13,7 +15,7 @@ Tasks (``bench/peer_runners/_common.py`` has every setting): ``cartpole``, Clean
 
     python bench/peers.py --purejaxrl /work/scratch/gymnax/purejaxrl \\
         --purejaxrl-python /work/scratch/gymnax/venv/bin/python --rejax-python /work/scratch/gymnax/venv/bin/python \\
-        --tasks cartpole --agents 1 64 --json bench/results/peers_cartpole.json
+        --ppo-eqx-python .venv/bin/python --tasks cartpole --agents 1 64 --json bench/results/peers_cartpole.json
 
 This script imports neither jax nor ppo_eqx; the table is also written beside the JSON (``.md``).
 """
@@ -41,6 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--purejaxrl", type=Path, help="PureJaxRL checkout (holds purejaxrl/ppo.py)")
     parser.add_argument("--purejaxrl-python", type=Path, help="a Python with gymnax, flax and distrax")
     parser.add_argument("--rejax-python", type=Path, help="a Python with rejax and gymnax")
+    parser.add_argument(
+        "--ppo-eqx-python",
+        type=Path,
+        default=Path(sys.executable),
+        help="a Python with ppo_eqx[gymnax] (default: this one)",
+    )
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS), help="(default: all)")
     parser.add_argument("--tasks", nargs="+", choices=("cartpole", "breakout"), default=["cartpole"])
     parser.add_argument("--agents", nargs="+", type=int, default=[1, 64], help="seeds vmapped (default: 1 64)")
@@ -114,7 +122,8 @@ def run_runner(python: Path, runner: str, extra: list[str], task: str, agents: i
     """One peer's run in a fresh process of ``python``; its JSON result, or ``{"error": ...}``."""
     with tempfile.TemporaryDirectory() as tmp:
         out, log = Path(tmp) / "result.json", Path(tmp) / "stderr.txt"
-        command = [str(python), str(RUNNERS / runner), "--task", task, "--num-agents", str(agents)]
+        # absolute, not resolved: a venv's python is a link that must keep its venv; the runner runs in RUNNERS
+        command = [str(python.absolute()), str(RUNNERS / runner), "--task", task, "--num-agents", str(agents)]
         command += ["--seed", str(args.seed), "--out", str(out), *extra]
         if task == "breakout":
             command += ["--num-iterations", str(args.breakout_iterations)]
@@ -133,17 +142,6 @@ def run_runner(python: Path, runner: str, extra: list[str], task: str, agents: i
         return result
 
 
-def run_ppo_eqx(task: str, agents: int, args: argparse.Namespace) -> dict:
-    """TODO(issue 25, integration): ppo-eqx on the same task once it has ``--env-backend gymnax``.
-
-    Run ``ppo-eqx train --env-backend gymnax --env-id <the task's env> --num-seeds <agents>`` with the task's
-    settings (``bench/peer_runners/_common.py``'s TASKS) in a fresh process, and return the same fields as a
-    runner's JSON (compile_s, run_s, wall_s, curve_return_mean, iteration_at_target_per_agent, ...), read from
-    its run directory's metrics. Until then this entry reports that it did not run: no number stands in for it.
-    """
-    return {"error": "not run: ppo_eqx has no gymnax backend yet (issue 25)"}
-
-
 def runners(args: argparse.Namespace) -> dict[str, Callable[[str, int], dict]]:
     table: dict[str, Callable[[str, int], dict]] = {}
     if "purejaxrl" in args.peers:
@@ -152,7 +150,7 @@ def runners(args: argparse.Namespace) -> dict[str, Callable[[str, int], dict]]:
     if "rejax" in args.peers:
         table["rejax"] = lambda t, a: run_runner(args.rejax_python, "run_rejax.py", [], t, a, args)
     if "ppo-eqx" in args.peers:
-        table["ppo-eqx"] = lambda t, a: run_ppo_eqx(t, a, args)
+        table["ppo-eqx"] = lambda t, a: run_runner(args.ppo_eqx_python, "run_ppo_eqx.py", [], t, a, args)
     return table
 
 

@@ -10,7 +10,8 @@ Train and keep the result::
 
 Resume with ``Trainer(config, restore=load_checkpoint(read_checkpoint(path), config, spec))``, play with
 ``evaluate``. The pure pieces compose without a Trainer: ``init_state`` and ``make_iteration`` (one jittable
-iteration), ``sync_collector``, ``rollout``, ``update``, ``ppo_loss``, ``compute_gae``, ``ActorCritic``. The layout:
+iteration; ``over_iterations``, many in one program), ``sync_collector`` (``jax_env_collector`` for envs written
+in JAX), ``rollout``, ``update``, ``ppo_loss``, ``compute_gae``, ``ActorCritic``. The layout:
 ``ppo_eqx.core`` the pure functions, ``ppo_eqx.host`` what runs them (trainer, loop, checkpoints), ``ppo_eqx.cli``
 the ``ppo-eqx`` program; everything here is re-exported from there, imported when first used (so that
 ``import ppo_eqx`` and the command line start without jax).
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .core._types import Transition as Transition
     from .core.collect import Collector as Collector
     from .core.collect import async_collector as async_collector
+    from .core.collect import jax_env_collector as jax_env_collector
     from .core.collect import sync_collector as sync_collector
     from .core.envs import AsyncPool as AsyncPool
     from .core.envs import EnvBackend as EnvBackend
@@ -38,6 +40,7 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .core.gae import compute_gae as compute_gae
     from .core.iteration import make_iteration as make_iteration
     from .core.iteration import make_prime as make_prime
+    from .core.iteration import over_iterations as over_iterations
     from .core.loss import model_loss as model_loss
     from .core.loss import ppo_loss as ppo_loss
     from .core.networks import ActorCritic as ActorCritic

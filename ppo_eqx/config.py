@@ -23,7 +23,7 @@ ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
 """How convolutions are computed: a route (``core.networks.ConvRoute``) or "auto", resolved at the edge
 (``host.conv_route.resolve_conv_impl``)."""
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
-ENV_BACKENDS = ("envpool", "ale")
+ENV_BACKENDS = ("envpool", "ale", "gymnax")
 """The env backends a config may name (``ppo_eqx.core.envs.BACKENDS`` maps each to its module)."""
 
 INT32_MAX = 2**31 - 1
@@ -92,7 +92,23 @@ class PPOConfig(Hyperparameters):
         "0: every env steps at once; R > 0: EnvPool's async mode, R envs a step (ppo_eqx's own)",
         within=FieldRange(0, INT32_MAX, "0 (off) or a positive integer"),
     )
-    env_backend: str = config_field("envpool", "the library that runs the envs (ppo_eqx's own)", choices=ENV_BACKENDS)
+    env_backend: str = config_field(
+        "envpool",
+        "the library that runs the envs: envpool, ale (pip install 'ppo_eqx[ale]'), or gymnax, whose envs run inside "
+        "the compiled program (pip install 'ppo_eqx[gymnax]') (ppo_eqx's own)",
+        choices=ENV_BACKENDS,
+    )
+    bootstrap_truncated: bool = config_field(
+        False,
+        "bootstrap an episode that a time limit ended from the value of its final observation; off: treat it as "
+        "terminal, as CleanRL does (ppo_eqx's own)",
+    )
+    iterations_per_dispatch: int = config_field(
+        1,
+        "iterations run as one program before the host reads their metrics, at most: checkpoints, Ctrl-C and the "
+        "NaN check act between programs; gymnax's presets run many (ppo_eqx's own)",
+        within=POSITIVE,
+    )
     sweep: tuple[tuple[str, tuple[Any, ...]], ...] | Mapping[str, Sequence[Any]] = config_field(
         (), "hyperparameters that take several values, one agent per setting (ppo_eqx's own)"
     )
@@ -162,6 +178,7 @@ class PPOConfig(Hyperparameters):
             self.update_epochs,
             self.num_iterations,
             self.minibatch_unroll,
+            self.iterations_per_dispatch,
         )
 
     def agent_hyperparameters(self) -> "AgentHyperparameters":
@@ -213,6 +230,11 @@ class PPOConfig(Hyperparameters):
             )
         self._validate_sizes()
         self._validate_async()
+        if self.bootstrap_truncated and self.async_batch_size:
+            raise ConfigError(
+                f"bootstrap_truncated=True works with synchronous envs only, not async_batch_size="
+                f"{self.async_batch_size}; allowed: bootstrap_truncated=False or async_batch_size=0"
+            )
         if self.batch_size % self.num_minibatches:
             raise ConfigError(
                 f"num_minibatches={self.num_minibatches} does not divide the batch of {self._batch_formula}="
@@ -351,6 +373,8 @@ NOT_SWEEPABLE: dict[str, str] = {
     "num_seeds": "is the number of seeds of every setting",
     "async_batch_size": "changes the pool and the batch's shape",
     "env_backend": "makes another pool",
+    "bootstrap_truncated": "changes the program (one more critic evaluation a step)",
+    "iterations_per_dispatch": "changes the program, not the results",
     "sweep": "is the sweep itself",
 }
 """Why each other field cannot be swept in one program: it is swept by separate runs instead."""
@@ -427,8 +451,36 @@ VECTOR_PRESET: dict[str, Any] = {
     "clip_coef": 0.2,
     "checkpoint_every": 250,
 }
+# gymnax-blines' PPO for MinAtar (agents/<game>-MinAtar/ppo.yaml), the settings behind its published 10M-step
+# returns: 64 envs x 128 steps, 8 minibatches, a constant learning rate of 5e-4, gamma 0.999, the value loss
+# clipped; 2 x 256 ReLU MLPs on the flattened grid (ActorCritic's "grid" network).
+GRID_PRESET: dict[str, Any] = {
+    "total_timesteps": 10_000_000,
+    "num_envs": 64,
+    "num_steps": 128,
+    "num_minibatches": 8,
+    "update_epochs": 4,
+    "learning_rate": 5e-4,
+    "anneal_lr": False,
+    "gamma": 0.999,
+    "gae_lambda": 0.95,
+    "clip_coef": 0.2,
+    "clip_vloss": True,
+    "ent_coef": 0.01,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
+    "checkpoint_every": 100,
+}
+# Envs written in JAX run whole chunks of iterations as one program: a CartPole checkpoint interval (250
+# iterations, about a second on a 2-core CPU) at once; MinAtar's iterations take a third of a second there, so 10
+# of them, and the progress bar, Ctrl-C and the NaN check answer within seconds.
+JAX_ENV_DISPATCH: dict[str, int] = {"vector": 250, "grid": 10}
 
 
-def preset_for(is_atari: bool) -> dict[str, Any]:
-    """Defaults that replace PPOConfig's for a kind of task: none for Atari, CleanRL's ppo.py for vectors."""
-    return {} if is_atari else dict(VECTOR_PRESET)
+def preset_for(kind: str, *, state_is_data: bool = False) -> dict[str, Any]:
+    """Defaults that replace PPOConfig's for a kind of observation (``EnvSpec.kind``): none for Atari frames,
+    CleanRL's ppo.py for vectors, gymnax-blines' for MinAtar grids; on a backend whose envs run in the program
+    (``state_is_data``), many iterations per dispatch."""
+    preset = {"frames": {}, "vector": VECTOR_PRESET, "grid": GRID_PRESET}[kind]
+    dispatch = {"iterations_per_dispatch": JAX_ENV_DISPATCH[kind]} if state_is_data and kind in JAX_ENV_DISPATCH else {}
+    return {**preset, **dispatch}

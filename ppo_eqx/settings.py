@@ -69,3 +69,5 @@ class Sizes(NamedTuple):
     num_iterations: int
     """The length of the learning rate's annealing."""
     minibatch_unroll: int = 1
+    iterations_per_dispatch: int = 1
+    """The most iterations one program runs (``core.iteration.over_iterations``); 1: the iteration alone."""

@@ -250,6 +250,9 @@ def _caption(data: dict[str, Any]) -> str:
         lines.append(
             f"CleanRL's published returns are at {steps_text(cleanrl['steps'])} steps and need a GPU to compare."
         )
+    published = data.get("published_return")
+    if published is not None:
+        lines.append(f"Dotted: {published['label']}, {published['mean']:g} ({published['source']}).")
     if data["random_score"] is None:
         lines.append(f"No random-play score for {data['env_id']} in the shipped table.")
     return "\n".join(textwrap.fill(line, CAPTION_WIDTH) for line in lines)
@@ -277,6 +280,15 @@ def learning_curve_figure(data: dict[str, Any]) -> Figure:
             linewidth=1.2,
             label=f"random play ({data['random_score']:g})",
         )
+    published = data.get("published_return")
+    if published is not None:
+        ax.axhline(
+            published["mean"],
+            color="black",
+            linestyle=":",
+            linewidth=1.4,
+            label=f"{published['label']} ({published['mean']:g})",
+        )
     # One legend entry for what the dots and lines are, drawn in neutral gray.
     dots = "dots: each iteration's episodic_return (mean over envs of their last game)"
     ax.plot([], [], ".", color="gray", alpha=0.5, label=dots)
@@ -290,9 +302,10 @@ def learning_curve_figure(data: dict[str, Any]) -> Figure:
     else:
         steps = f"{steps_text(steps_done)} of {steps_text(total)} env steps per agent (under way)"
     seeds = len(data["seeds"])
+    hyperparameters = data.get("hyperparameters_text", "CleanRL's hyperparameters")
     ax.set_title(
         f"{data['env_id']}: {steps}, {seeds} seed{'s' if seeds != 1 else ''} in one program\n"
-        f"ppo-eqx, CleanRL's hyperparameters, {data['hardware_text']}",
+        f"ppo-eqx, {hyperparameters}, {data['hardware_text']}",
         fontsize="medium",
     )
     ax.set_xlabel("environment steps per agent (millions)")

@@ -26,7 +26,8 @@ def counting_env(num_envs: int, lives: int = 1):
         done = counter % length == 0
         game_over = counter % (length * lives) == 0
         raw = (actions + 1).astype(jnp.float32)
-        return counter, EnvOutput(observe(counter), jnp.sign(raw), done, raw, game_over)
+        obs = observe(counter)
+        return counter, EnvOutput(obs, jnp.sign(raw), done, raw, game_over, done & False, obs)
 
     first_handle = jnp.zeros(num_envs, jnp.int32)
     return first_handle, observe(first_handle), env_step
@@ -63,7 +64,7 @@ def counting_async_env(num_envs: int, batch_size: int, lives: int = 1):
         raw = jnp.where(stepped, action + 1, 0).astype(jnp.float32)
         clock = jnp.max(handle.ready_at[env_ids])
         handle = handle._replace(ready_at=handle.ready_at.at[env_ids].set(in_hand), clock=clock)
-        return handle, env_ids, EnvOutput(obs, jnp.sign(raw), done, raw, game_over)
+        return handle, env_ids, EnvOutput(obs, jnp.sign(raw), done, raw, game_over, done & False, obs)
 
     def send(handle: AsyncHandle, env_ids: Int[Array, " R"], actions: Int[Array, " R"]):
         counter = handle.counter[env_ids]
@@ -80,7 +81,7 @@ def counting_async_env(num_envs: int, batch_size: int, lives: int = 1):
     return handle, AsyncEnv(recv, send)
 
 
-SPEC = EnvSpec("fake", (4,), np.dtype(np.float32), 3, False)
+SPEC = EnvSpec("fake", (4,), np.dtype(np.float32), 3, "vector")
 
 
 def counting_pool(num_envs: int, lives: int = 1) -> Pool:

@@ -103,7 +103,7 @@ def fake_env_step(handle: jax.Array, actions: jax.Array, obs_size: int = D) -> t
     obs = jnp.broadcast_to(counter[:, None].astype(jnp.float32), (N, obs_size))
     reward = (actions == 0).astype(jnp.float32)
     done = counter % 3 == 0
-    return counter, EnvOutput(obs, reward, done, reward, done)
+    return counter, EnvOutput(obs, reward, done, reward, done, done & False, obs)
 
 
 def carry(obs: jax.Array | None = None) -> RolloutCarry:
@@ -149,7 +149,7 @@ def learn(**changes: Any) -> Any:
 
 
 def iteration(**changes: Any) -> Any:
-    spec = EnvSpec("CartPole-v1", (D,), np.dtype(np.float32), A, False)
+    spec = EnvSpec("CartPole-v1", (D,), np.dtype(np.float32), A, "vector")
     pool = Pool(spec, jnp.zeros(N, jnp.int32), fake_env_step, np.ones((N, D), np.float32), lambda: None, None)  # type: ignore[arg-type]
     args: dict[str, Any] = {"collector": sync_collector(pool, num_steps=T), "sizes": CONFIG.sizes}
     args.update(changes)

@@ -31,7 +31,7 @@ def test_the_57_games_have_the_same_actions_and_observations_on_both():
     ale, pool = backend("ale"), backend("envpool")
     for env_id in ATARI_57:  # ALE's spec makes (and closes) a one-env pool of the game
         a, e = ale.spec(env_id), pool.spec(env_id)
-        assert (a.num_actions, a.obs_shape, a.obs_dtype, a.is_atari) == (e.num_actions, e.obs_shape, e.obs_dtype, True)
+        assert (a.num_actions, a.obs_shape, a.obs_dtype, a.kind) == (e.num_actions, e.obs_shape, e.obs_dtype, "frames")
 
 
 @pytest.mark.unit

@@ -232,6 +232,9 @@ COMBINATIONS = [
     ("--seed=2147483645",),  # the last of 4 envs gets seed 2147483648: beyond int32
     ("--num-seeds=2147483647",),  # transitions per iteration beyond int32
     ("--num-envs=65536", "--num-steps=65536"),  # transitions per iteration beyond int32
+    ("--bootstrap-truncated", "--async-batch-size=2"),  # the async rollout bootstraps no time limit
+    ("--env-backend=gymnax", "--async-batch-size=2"),  # gymnax has no async pool (or is not installed)
+    ("--env-backend=gymnax", "--env-id=Pong-v5"),  # not a gymnax task (or gymnax is not installed)
     ("--no-such-flag",),
     ("--num-envs",),  # no value
     ("stray",),

@@ -75,11 +75,25 @@ def test_round_trip_through_a_dict():
 
 
 def test_vector_tasks_get_cleanrls_ppo_py_preset():
-    assert preset_for(is_atari=True) == {}
-    config = PPOConfig(**preset_for(is_atari=False))
+    assert preset_for("frames") == {}
+    config = PPOConfig(**preset_for("vector"))
     assert (config.total_timesteps, config.num_envs, config.clip_coef) == (500_000, 4, 0.2)
     # ppo_eqx's own: CartPole's iterations are short, so its envs are re-seeded (and recompiled) less often.
     assert (PPOConfig().checkpoint_every, config.checkpoint_every) == (200, 250)
+
+
+def test_minatar_grids_get_gymnax_blines_preset_and_jax_envs_many_iterations_a_dispatch():
+    config = PPOConfig(**preset_for("grid", state_is_data=True))
+    assert (config.num_envs, config.num_steps, config.num_minibatches, config.update_epochs) == (64, 128, 8, 4)
+    assert (config.learning_rate, config.anneal_lr, config.gamma, config.clip_coef) == (5e-4, False, 0.999, 0.2)
+    assert config.clip_vloss and config.total_timesteps == 10_000_000 and config.iterations_per_dispatch == 10
+    assert preset_for("vector", state_is_data=True)["iterations_per_dispatch"] == 250
+    assert "iterations_per_dispatch" not in preset_for("vector") and preset_for("frames", state_is_data=True) == {}
+    assert PPOConfig().iterations_per_dispatch == 1 and not PPOConfig().bootstrap_truncated
+    with pytest.raises(ConfigError, match="bootstrap_truncated=True works with synchronous envs only"):
+        PPOConfig(bootstrap_truncated=True, async_batch_size=4).validate()
+    with pytest.raises(ConfigError, match="iterations_per_dispatch=0 must be a positive integer"):
+        PPOConfig(iterations_per_dispatch=0).validate()
 
 
 def test_an_async_batch_is_num_steps_receives_of_async_batch_size_envs():

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ppo_eqx import compute_gae
-from ppo_eqx.core.gae import compute_gae_by_env
+from ppo_eqx.core.gae import compute_gae_by_env, truncation_bootstrap
 
 from .strategies import TIME_ENV_SHAPES, bool_arrays, float_arrays, unit_interval
 
@@ -207,3 +207,90 @@ def test_by_env_hand_computed_case():
     )
     np.testing.assert_allclose(advantages[:, 0], [0.75, 2.0, 1.0])
     np.testing.assert_allclose(returns[:, 0], [1.75, 4.0, 4.0])
+
+
+# --- a time limit bootstrapped from the final observation (--bootstrap-truncated) ---
+
+
+def reference_gae_truncated(rewards, values, final_values, terminated, truncated, last_value, gamma, gae_lambda):
+    """The recurrence written out, env by env, in float64: a termination ends the chain with its reward alone, a
+    time limit (not terminal) with its reward plus gamma times the final observation's value."""
+    steps, envs = rewards.shape
+    advantages = np.zeros((steps, envs))
+    for n in range(envs):
+        following = 0.0
+        for t in reversed(range(steps)):
+            next_value = float(last_value[n]) if t == steps - 1 else float(values[t + 1, n])
+            if terminated[t, n]:
+                target = rewards[t, n]
+            elif truncated[t, n]:
+                target = rewards[t, n] + gamma * final_values[t, n]
+            else:
+                target = rewards[t, n] + gamma * next_value
+            ended = terminated[t, n] or truncated[t, n]
+            following = target - values[t, n] + (0.0 if ended else gamma * gae_lambda * following)
+            advantages[t, n] = following
+    return advantages, advantages + values
+
+
+def bootstrapped_gae(rewards, values, final_values, terminated, truncated, last_value, gamma, gae_lambda):
+    """What the collector computes: ``compute_gae`` on ``truncation_bootstrap``'s rewards, every end a done."""
+    time_limit = truncated & ~terminated
+    rewards = truncation_bootstrap(rewards, final_values, time_limit, gamma=gamma)
+    return gae(rewards, values, terminated | truncated, last_value, gamma=gamma, gae_lambda=gae_lambda)
+
+
+F, T = False, True
+# T=3, gamma=0.5, lambda=1, rewards 1, values 0, final values 4, last_value 8 (worked by hand).
+TRUNCATION_CASES = {
+    "no end": ((F, F, F), (F, F, F), [2.75, 3.5, 5.0]),
+    # A_1 = 1 + 0.5 * 4 = 3, not chained to step 2; A_0 = 1 + 0.5 * 3 = 2.5
+    "time limit at t=1": ((F, F, F), (F, T, F), [2.5, 3.0, 5.0]),
+    "terminal at t=1": ((F, T, F), (F, F, F), [1.5, 1.0, 5.0]),
+    "both at t=1 is terminal": ((F, T, F), (F, T, F), [1.5, 1.0, 5.0]),
+    # the final observation's value, not last_value: A_2 = 1 + 0.5 * 4 = 3, A_1 = 2.5, A_0 = 2.25
+    "time limit at the last step": ((F, F, F), (F, F, T), [2.25, 2.5, 3.0]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TRUNCATION_CASES))
+def test_a_time_limit_bootstraps_from_the_final_observation_by_hand(name):
+    terminated, truncated, expected = TRUNCATION_CASES[name]
+    column = [np.asarray(x, np.float32)[:, None] for x in ([1, 1, 1], [0, 0, 0], [4, 4, 4])]
+    flags = [np.asarray(x)[:, None] for x in (terminated, truncated)]
+    inputs = (*column, *flags, np.asarray([8.0], np.float32))
+    advantages, _ = bootstrapped_gae(*map(jnp.asarray, inputs), gamma=0.5, gae_lambda=1.0)
+    reference, _ = reference_gae_truncated(*inputs, gamma=0.5, gae_lambda=1.0)
+    np.testing.assert_allclose(np.asarray(advantages)[:, 0], expected, atol=1e-6)
+    np.testing.assert_allclose(reference[:, 0], expected, atol=1e-12)
+
+
+@st.composite
+def truncation_inputs(draw):
+    steps, envs = draw(st.sampled_from(TIME_ENV_SHAPES))
+    terminated_p, truncated_p = draw(st.sampled_from([0.0, 0.2])), draw(st.sampled_from([0.0, 0.2, 0.5]))
+    return (
+        draw(float_arrays((steps, envs))),
+        draw(float_arrays((steps, envs))),
+        draw(float_arrays((steps, envs))),
+        draw(bool_arrays((steps, envs), terminated_p)),
+        draw(bool_arrays((steps, envs), truncated_p)),
+        draw(float_arrays((envs,))),
+    )
+
+
+@given(truncation_inputs(), st.sampled_from([0.0, 0.5, 0.99, 1.0]), st.sampled_from([0.0, 0.95, 1.0]))
+def test_truncation_bootstrap_matches_the_reference_loop(inputs, gamma, gae_lambda):
+    advantages, returns = bootstrapped_gae(*map(jnp.asarray, inputs), gamma=gamma, gae_lambda=gae_lambda)
+    expected_advantages, expected_returns = reference_gae_truncated(*inputs, gamma=gamma, gae_lambda=gae_lambda)
+    np.testing.assert_allclose(advantages, expected_advantages, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(returns, expected_returns, rtol=1e-4, atol=1e-3)
+
+
+@given(truncation_inputs(), unit_interval)
+def test_without_a_time_limit_the_rewards_are_left_as_they_are(inputs, gamma):
+    rewards, _, final_values, _, _, _ = inputs
+    unchanged = truncation_bootstrap(
+        jnp.asarray(rewards), jnp.asarray(final_values), jnp.zeros(rewards.shape, bool), gamma=gamma
+    )
+    assert np.array_equal(np.asarray(unchanged), rewards)

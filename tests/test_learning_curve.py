@@ -38,7 +38,7 @@ def lc() -> ModuleType:
 
 def seeds_config(env_id: str, iterations: int, num_seeds: int = 2, seed: int = 1) -> dict[str, Any]:
     """seeds.json as `ppo-eqx train --env-id CartPole-v1 --num-seeds 2` writes it (its preset, our env id)."""
-    values = {**preset_for(is_atari=False), "total_timesteps": iterations * BATCH, "seed": seed, "num_seeds": num_seeds}
+    values = {**preset_for("vector"), "total_timesteps": iterations * BATCH, "seed": seed, "num_seeds": num_seeds}
     return PPOConfig(env_id=env_id, **values).to_dict()
 
 
@@ -157,6 +157,16 @@ def test_a_game_without_a_random_score_gets_null_and_no_line(lc: ModuleType, tmp
     figure = learning_curve_figure(data)
     assert not any("random" in str(line.get_label()) for line in figure.axes[0].get_lines())
     assert "under way" in figure.axes[0].get_title()
+
+
+def test_a_minatar_game_gets_its_published_10m_step_return_drawn(lc: ModuleType, tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "Breakout-MinAtar")
+    assert lc.main(["--plot-only", "--run-dir", str(run_dir), "--out", str(tmp_path / "lc")]) == 0
+    data = no_nan((tmp_path / "lc.json").read_text())
+    assert data["published_return"]["mean"] == 28.0 and data["published_return"]["steps"] == 10_000_000
+    figure = learning_curve_figure(data)
+    assert any("gymnax-blines' PPO at 10M steps (28)" in str(line.get_label()) for line in figure.axes[0].get_lines())
+    assert "gymnax-blines' hyperparameters" in figure.axes[0].get_title()
 
 
 def test_plot_only_refuses_an_empty_run_dir_in_one_line(

@@ -123,6 +123,8 @@ def test_two_processes_give_the_one_process_update(tmp_path):
         ({"num_envs": 4, "num_steps": 3, "num_minibatches": 4}, "num_envs=4 and the minibatch size 3 must be"),
         ({"num_seeds": 2}, "num_seeds=2 cannot train on a mesh of 2 devices"),
         ({"num_envs": 16, "async_batch_size": 8}, "async_batch_size=8 cannot train on a mesh of 2 devices"),
+        ({"env_backend": "gymnax"}, "env_backend='gymnax' cannot train on a mesh of 2 devices"),
+        ({"iterations_per_dispatch": 4}, "iterations_per_dispatch=4 cannot train on a mesh of 2 devices"),
     ],
 )
 def test_a_config_that_cannot_split_over_the_mesh_is_refused(changes, message):

@@ -118,12 +118,14 @@ class _SleepingTrainer(Trainer):
         self.iteration, self.seconds = 0, seconds
         self.metrics = {"loss": jax.numpy.float32(0.5), "finite": jax.numpy.asarray(True)}
 
-    def step(self):
+    def dispatch(self, until=None):
         import time
+
+        from ppo_eqx.host.trainer import Dispatch
 
         time.sleep(self.seconds)
         self.iteration += 1
-        return dict(self.metrics)
+        return Dispatch(self.iteration, 1, dict(self.metrics), False)
 
 
 def test_each_record_times_its_own_iteration_when_the_dispatch_runs_it():

@@ -8,7 +8,7 @@ from ..config import PPOConfig
 from ..core.envs import backend
 from ..core.networks import ConvRoute
 from ..errors import UsageError
-from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl
+from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
 
 
 def check_addresses(args: argparse.Namespace) -> None:
@@ -61,5 +61,5 @@ def conv_route(config: PPOConfig) -> ConvRoute:
         reason = kernel_unavailable_reason()
         if reason is not None:
             raise UsageError(f"--conv-impl kernel: {reason}; use --conv-impl auto or matmul")
-    obs_shape = backend(config.env_backend).spec(config.env_id).obs_shape
-    return resolve_conv_impl(config.conv_impl, obs_shape)  # type: ignore[arg-type]  # validated by PPOConfig
+    spec = backend(config.env_backend).spec(config.env_id)
+    return resolve_conv_impl_for(config.conv_impl, spec)  # type: ignore[arg-type]  # validated by PPOConfig

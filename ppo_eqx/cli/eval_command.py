@@ -12,7 +12,7 @@ from ..core.envs import EnvSpec, backend
 from ..core.networks import ActorCritic, ConvRoute
 from ..errors import RunError, UsageError
 from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint
-from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl
+from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
 from ..host.evaluate import EVAL_STREAM, VIDEO_FORMATS, Evaluation, VideoWriter, evaluate, summarise
 from ..host.rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, write_json
 from .checks import require
@@ -39,7 +39,7 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
         f"episodes, {'greedy' if args.greedy else 'sampled'} actions",
         flush=True,
     )
-    evaluation = _play(args, model, config, fps=15 if spec.is_atari else 50)
+    evaluation = _play(args, model, config, fps=15 if spec.kind == "frames" else 50)
     summary = summarise(evaluation)
     result = {
         "checkpoint": str(path),
@@ -76,8 +76,6 @@ def _load_agent(
     (``--num-seeds``, ``--sweep``) the agent named ``agent``; on ``env_backend`` if given, with this machine's
     route for the convolutions."""
     path, config = checkpoint.path, config_of(checkpoint)
-    if env_backend is not None:
-        config = config.replace(env_backend=env_backend)
     names = config.agent_names()
     if config.num_agents > 1 and agent not in names:
         raise UsageError(
@@ -89,6 +87,14 @@ def _load_agent(
     if config.num_agents > 1:
         index = names.index(agent)  # pyright: ignore[reportArgumentType]  # in names, so not None
         model, config = _agent_model(model, index), config.agent_configs()[index]
+    if env_backend is not None and env_backend != config.env_backend:  # the model plays on another backend's envs
+        config = config.replace(env_backend=env_backend)
+        played = backend(env_backend).spec(config.env_id)
+        if (played.obs_shape, played.num_actions) != (spec.obs_shape, spec.num_actions):
+            raise UsageError(
+                f"--env-backend {env_backend}: {config.env_id} has observations {played.obs_shape} and "
+                f"{played.num_actions} actions there; the agent was trained on {spec.obs_shape} and {spec.num_actions}"
+            )
     return model, config, spec
 
 
@@ -96,7 +102,7 @@ def _route(config: PPOConfig, spec: EnvSpec) -> ConvRoute:
     """The route eval's model takes: the one training asked for where it runs here, else "auto"'s (every route
     gives the same numbers within float32 rounding)."""
     kernel_runs = config.conv_impl != "kernel" or kernel_unavailable_reason() is None
-    return resolve_conv_impl(config.conv_impl if kernel_runs else "auto", spec.obs_shape)  # type: ignore[arg-type]
+    return resolve_conv_impl_for(config.conv_impl if kernel_runs else "auto", spec)  # type: ignore[arg-type]
 
 
 def _agent_of(path: Path) -> tuple[Path, str] | None:

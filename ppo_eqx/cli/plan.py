@@ -37,7 +37,7 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
     """Explicit flags, else the task's preset, else PPOConfig's (CleanRL's) defaults; validated."""
     env_id = args.env_id or PPOConfig.env_id
     env_backend = backend(args.env_backend or PPOConfig.env_backend)
-    values: dict[str, Any] = preset_for(env_backend.spec(env_id).is_atari)
+    values: dict[str, Any] = preset_for(env_backend.spec(env_id).kind, state_is_data=env_backend.state_is_data)
     values.update({name: value for name, value in vars(args).items() if name in _CONFIG_FIELDS and value is not None})
     for name, _ in values.get("sweep", ()):
         if getattr(args, name, None) is not None:

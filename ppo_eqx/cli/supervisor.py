@@ -147,7 +147,9 @@ class Supervisor:
         self.writers = self._make_writers(hardware) if self.writes else []
         placement = None if self.mesh is None else MeshPlacement(config, self.mesh)
         self.trainer = Trainer(config, restore=self.restore, placement=placement, conv_impl=self.conv_impl)
-        self.say(f"ppo-eqx: compiled one iteration in {self.trainer.compile():.1f} s")
+        per_dispatch = config.iterations_per_dispatch
+        program = "one iteration" if per_dispatch == 1 else f"a program of up to {per_dispatch} iterations"
+        self.say(f"ppo-eqx: compiled {program} in {self.trainer.compile():.1f} s")
 
     def _make_writers(self, hardware: dict[str, Any]) -> list[Any]:
         args, plan, config = self.args, self.plan, self.config

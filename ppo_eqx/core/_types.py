@@ -5,11 +5,15 @@ Axes: ``T`` time, ``N`` envs, ``B`` minibatch, ``A`` actions, ``E`` epochs, ``M`
 ``*obs`` stands for the observation shape of one env (``4 84 84`` for Atari frames).
 """
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from jaxtyping import Array, Bool, Float, Int, Shaped
 
 Observation = Shaped[Array, "N *obs"]
+ObsKind = Literal["frames", "vector", "grid"]
+"""What an observation is, which decides the network (``ActorCritic``) and the preset: ``frames``, Atari's
+stacked screens ``[C, H, W]`` uint8; ``vector``, a flat float vector (CartPole); ``grid``, MinAtar's ``[H, W, C]``
+0/1 floats."""
 
 
 class EnvOutput(NamedTuple):
@@ -17,7 +21,10 @@ class EnvOutput(NamedTuple):
 
     ``done`` is the learning signal (a life lost, a game over or a time limit: nothing is bootstrapped past
     it); ``game_over`` ends the episode that is reported (all lives spent, or truncated) and ``raw_reward``
-    is the unclipped game score that the reported return sums.
+    is the unclipped game score that the reported return sums. ``truncated`` marks the dones that a time limit
+    caused and a terminal state did not (False where both did); ``final_obs`` is the observation the step
+    reached before any reset: ``obs`` itself where the backend resets on the next step (EnvPool, ALE) or the
+    episode goes on. The two let a time limit be bootstrapped (``gae.truncation_bootstrap``).
     """
 
     obs: Observation
@@ -25,6 +32,8 @@ class EnvOutput(NamedTuple):
     done: Bool[Array, " N"]
     raw_reward: Float[Array, " N"]
     game_over: Bool[Array, " N"]
+    truncated: Bool[Array, " N"]
+    final_obs: Observation
 
 
 class EpisodeStats(NamedTuple):

@@ -1,12 +1,14 @@
-"""Collectors: how the envs of a pool become a batch to learn from, as three functions (the way optax's
+"""Collectors: how the envs of a pool become a batch to learn from, as a few functions (the way optax's
 ``GradientTransformation`` is two). ``sync_collector`` rolls out every env at once (CleanRL's way);
-``async_collector`` receives R envs at a time from an async pool.
+``async_collector`` receives R envs at a time from an async pool; ``jax_env_collector`` rolls out a pool whose
+envs' state is data (gymnax), which a checkpoint then keeps whole.
 
 ``carry(stats)`` is the carry of the pool's fresh envs (host side); ``prime(model, carry, key)`` starts them
 (a no-op for a synchronous pool; an async pool's first steps) and returns the key left over;
 ``collect(model, carry, key, *, gamma, gae_lambda)`` plays ``num_steps`` steps and returns the time-major batch
 ``[T, N, ...]`` with its GAE advantages and returns, discounted by the agent's own ``gamma`` and ``gae_lambda``
-(``AgentHyperparameters``: the collector holds none). ``prime`` and ``collect`` are pure and jittable.
+(``AgentHyperparameters``: the collector holds none). ``save(carry)`` is what a checkpoint keeps of a carry and
+``restore(saved)`` the carry to go on from with this pool. ``prime`` and ``collect`` are pure and jittable.
 """
 
 from collections.abc import Callable
@@ -14,13 +16,21 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray
+from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
-from ._types import Batch, EpisodeStats
-from .envs import AsyncPool, Pool, seeds_env_step
-from .gae import compute_gae, compute_gae_by_env
+from ._types import Batch, EnvOutput, EpisodeStats
+from .envs import AsyncPool, EnvStep, Pool, seeds_env_step
+from .gae import compute_gae, compute_gae_by_env, truncation_bootstrap
 from .networks import ActorCritic
-from .rollout import AsyncRolloutCarry, RolloutCarry, async_rollout, init_async_carry, prime_async, rollout
+from .rollout import (
+    AsyncRolloutCarry,
+    RolloutCarry,
+    async_rollout,
+    fresh_episodes,
+    init_async_carry,
+    prime_async,
+    rollout,
+)
 
 Carry = RolloutCarry | AsyncRolloutCarry
 
@@ -30,6 +40,15 @@ class Collector(NamedTuple):
     prime: Callable[[ActorCritic, Any, PRNGKeyArray], tuple[Any, PRNGKeyArray]]
     collect: Callable[..., tuple[Any, Batch]]
     """``collect(model, carry, key, *, gamma, gae_lambda)``."""
+    save: Callable[[Any], PyTree]
+    """What a checkpoint keeps of a carry: the episode statistics of a host pool (its envs cannot be saved), the
+    whole carry of a pool whose envs' state is data."""
+    restore: Callable[[PyTree], Any]
+    """The carry to go on from with what ``save`` kept: on this pool's fresh envs, with the finished episodes kept,
+    for a host pool; the saved carry itself otherwise."""
+    shared_handle: bool
+    """True when the agents of a program step one pool through one handle (host pools, ``seeds_env_step``); False
+    when each agent has its own envs' state in the carry, mapped by the ``vmap`` over agents."""
 
 
 Discount = float | Float[Array, ""]
@@ -40,28 +59,32 @@ def _no_prime(model: ActorCritic, carry: Carry, key: PRNGKeyArray) -> tuple[Carr
     return carry, key
 
 
-def sync_collector(
-    pool: Pool,
-    *,
-    num_steps: int,
-    num_agents: int = 1,
-    first_env: int = 0,
-    total_envs: int | None = None,
-) -> Collector:
-    """Roll out every env of ``pool`` ``num_steps`` times (``rollout``), then ``compute_gae``.
+def _stats_of(carry: Carry) -> EpisodeStats:
+    return carry.stats
 
-    With ``num_agents`` S > 1 the pool holds S agents' envs, agent s's the s-th block of ``N``: ``collect`` is
-    one agent's, to be ``vmap``-ed over S (``seeds_env_step``), and ``carry`` takes ``[S, N]`` statistics.
-    ``first_env`` and ``total_envs`` say which envs of a larger run these are (one process's share, see
-    ``rollout``).
-    """
-    step = pool.step if num_agents == 1 else seeds_env_step(pool.step, num_agents)
 
-    def carry(stats: EpisodeStats) -> RolloutCarry:
-        obs = jnp.asarray(pool.first_obs)
-        if num_agents > 1:
-            obs = obs.reshape((num_agents, -1) + obs.shape[1:])
-        return RolloutCarry(pool.handle, obs, stats)
+def _same(carry: Any) -> Any:
+    return carry
+
+
+def bootstrapping_step(env_step: EnvStep, model: ActorCritic, gamma: Discount) -> EnvStep:
+    """``env_step`` whose learning reward at a time limit (``EnvOutput.truncated``) has ``gamma`` times ``model``'s
+    value of the final observation added (``truncation_bootstrap``): GAE, which bootstraps nothing past a done,
+    then computes the bootstrapped advantages. One more critic evaluation a step; the reported return (the raw
+    reward) is untouched."""
+
+    def step(handle: Any, actions: Int[Array, " N"]) -> tuple[Any, EnvOutput]:
+        handle, out = env_step(handle, actions)
+        _, final_value = model(out.final_obs)
+        return handle, out._replace(reward=truncation_bootstrap(out.reward, final_value, out.truncated, gamma=gamma))
+
+    return step
+
+
+def _rollout_collect(
+    step: EnvStep, *, num_steps: int, first_env: int, total_envs: int | None, bootstrap_truncated: bool
+) -> Callable[..., tuple[RolloutCarry, Batch]]:
+    """``collect`` of a synchronous pool stepped by ``step``: ``rollout``, then ``compute_gae``."""
 
     def collect(
         model: ActorCritic,
@@ -71,13 +94,68 @@ def sync_collector(
         gamma: Discount,
         gae_lambda: Discount,
     ) -> tuple[RolloutCarry, Batch]:
+        env_step = bootstrapping_step(step, model, gamma) if bootstrap_truncated else step
         carry, t, last_value = rollout(
-            model, step, carry, num_steps=num_steps, key=key, first_env=first_env, total_envs=total_envs
+            model, env_step, carry, num_steps=num_steps, key=key, first_env=first_env, total_envs=total_envs
         )
         advantages, returns = compute_gae(t.rewards, t.values, t.dones, last_value, gamma=gamma, gae_lambda=gae_lambda)
         return carry, Batch(t.obs, t.actions, t.logprobs, t.values, advantages, returns)
 
-    return Collector(carry, _no_prime, collect)
+    return collect
+
+
+def _per_agent(x: Array, num_agents: int) -> Array:
+    """``[S*N, ...]`` -> ``[S, N, ...]`` (agent s's envs are the s-th block of N); unchanged for one agent."""
+    return x if num_agents == 1 else x.reshape((num_agents, -1) + x.shape[1:])
+
+
+def sync_collector(
+    pool: Pool,
+    *,
+    num_steps: int,
+    num_agents: int = 1,
+    first_env: int = 0,
+    total_envs: int | None = None,
+    bootstrap_truncated: bool = False,
+) -> Collector:
+    """Roll out every env of ``pool`` ``num_steps`` times (``rollout``), then ``compute_gae``.
+
+    With ``num_agents`` S > 1 the pool holds S agents' envs, agent s's the s-th block of ``N``: ``collect`` is
+    one agent's, to be ``vmap``-ed over S (``seeds_env_step``), and ``carry`` takes ``[S, N]`` statistics.
+    ``first_env`` and ``total_envs`` say which envs of a larger run these are (one process's share, see
+    ``rollout``). With ``bootstrap_truncated``, a time limit is bootstrapped from the value of the final
+    observation (``bootstrapping_step``).
+    """
+    step = pool.step if num_agents == 1 else seeds_env_step(pool.step, num_agents)
+
+    def carry(stats: EpisodeStats) -> RolloutCarry:
+        return RolloutCarry(pool.handle, _per_agent(jnp.asarray(pool.first_obs), num_agents), stats)
+
+    collect = _rollout_collect(
+        step, num_steps=num_steps, first_env=first_env, total_envs=total_envs, bootstrap_truncated=bootstrap_truncated
+    )
+    return Collector(carry, _no_prime, collect, _stats_of, lambda stats: carry(fresh_episodes(stats)), True)
+
+
+def jax_env_collector(
+    pool: Pool, *, num_steps: int, num_agents: int = 1, bootstrap_truncated: bool = False
+) -> Collector:
+    """``sync_collector`` for a pool whose handle is its envs' whole state (``EnvBackend.state_is_data``).
+
+    With ``num_agents`` S > 1 the pool's ``S * N`` envs are split into each agent's own ``[S, N, ...]`` state,
+    handle and observations alike, which the ``vmap`` over agents maps as any other array (no
+    ``seeds_env_step``). A checkpoint keeps the whole carry (env state, env keys, observations, running episodes),
+    so a run restored from any checkpoint goes on as the uninterrupted one did, bit for bit.
+    """
+
+    def carry(stats: EpisodeStats) -> RolloutCarry:
+        handle = jax.tree.map(lambda x: _per_agent(x, num_agents), pool.handle)
+        return RolloutCarry(handle, _per_agent(jnp.asarray(pool.first_obs), num_agents), stats)
+
+    collect = _rollout_collect(
+        pool.step, num_steps=num_steps, first_env=0, total_envs=None, bootstrap_truncated=bootstrap_truncated
+    )
+    return Collector(carry, _no_prime, collect, _same, _same, False)
 
 
 def async_collector(pool: AsyncPool, *, num_steps: int) -> Collector:
@@ -116,4 +194,4 @@ def async_collector(pool: AsyncPool, *, num_steps: int) -> Collector:
         )
         return carry, Batch(t.obs, t.actions, t.logprobs, t.values, advantages, returns)
 
-    return Collector(carry, prime, collect)
+    return Collector(carry, prime, collect, _stats_of, lambda stats: carry(fresh_episodes(stats)), True)

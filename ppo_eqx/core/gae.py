@@ -37,6 +37,23 @@ def compute_gae(
     return advantages, advantages + values
 
 
+def truncation_bootstrap(
+    rewards: Float[Array, "*batch"],
+    final_values: Float[Array, "*batch"],
+    truncated: Bool[Array, "*batch"],
+    *,
+    gamma: Float[ArrayLike, ""],
+) -> Float[Array, "*batch"]:
+    """``rewards`` plus ``gamma`` times the value of the final observation where a time limit ended the episode.
+
+    ``truncated`` marks the time limits that were not also terminal states (``EnvOutput.truncated``). Fed to
+    ``compute_gae`` with ``dones`` on every episode end, this bootstraps a time limit from its final observation
+    (``delta = r + gamma * V(final) - V(s)``, nothing chained past it) and leaves every other step as it was: with
+    no truncation the rewards are returned unchanged.
+    """
+    return jnp.where(truncated, rewards + gamma * final_values, rewards)
+
+
 @typechecked
 def compute_gae_by_env(
     rewards: Float[Array, "T R"],

@@ -2,6 +2,7 @@
 way (``compose``): ``make_iteration`` runs them as one pure function on one device; the mesh placement
 (``ppo_eqx.host.mesh``) runs the same stages as two programs with the batch sharded between them. With several
 agents (``num_seeds`` seeds of each setting of a sweep) the iteration is one agent's, ``vmap``-ed over them.
+``over_iterations`` runs many iterations in one program (envs written in JAX: up to the whole run).
 """
 
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from typing import NamedTuple
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
+from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
 from ..hyperparameters import AgentHyperparameters, Sizes
 from ._types import Batch, EpisodeStats, LossInfo
@@ -133,6 +134,33 @@ def compose(
     return iteration
 
 
+Chunk = Callable[[TrainState, Int[Array, ""]], tuple[TrainState, Metrics]]
+"""``chunk(state, count) -> (state, metrics)``: ``count`` iterations in one program, each metric ``[K, *A]``."""
+
+
+def over_iterations(iteration: Iteration, length: int) -> Chunk:
+    """Up to ``length`` iterations as one pure function: ``chunk(state, count)`` runs ``count`` of them (an int32
+    array from 1 to ``length``: one program runs any number) in a ``lax.fori_loop``, the state threaded through.
+
+    Every metric gains a leading axis of ``length`` rows: row i holds iteration i of the chunk, the rows from
+    ``count`` on are zeros. Each iteration computes what it computes alone in this program: a run split into
+    chunks elsewhere (a resumed one) gives the same results bit for bit.
+    """
+
+    def chunk(state: TrainState, count: Int[Array, ""]) -> tuple[TrainState, Metrics]:
+        shapes = jax.eval_shape(iteration, state)[1]
+        rows = {name: jnp.zeros((length, *x.shape), x.dtype) for name, x in shapes.items()}
+
+        def body(i: Int[Array, ""], loop: tuple[TrainState, Metrics]) -> tuple[TrainState, Metrics]:
+            state, rows = loop
+            state, metrics = iteration(state)
+            return state, {name: rows[name].at[i].set(metrics[name]) for name in rows}
+
+        return jax.lax.fori_loop(0, count, body, (state, rows))
+
+    return chunk
+
+
 @typechecked
 def make_iteration(collector: Collector, sizes: Sizes) -> Iteration:
     """The pure PPO iteration on one device: ``collect`` (``num_steps`` env steps and GAE), then ``learn``
@@ -153,13 +181,16 @@ def make_iteration(collector: Collector, sizes: Sizes) -> Iteration:
         )
 
     iteration = compose(collect_stage, learn_stage)
-    return iteration if sizes.num_agents == 1 else over_agents(iteration)
+    return iteration if sizes.num_agents == 1 else over_agents(iteration, shared_handle=collector.shared_handle)
 
 
-def agent_axes(state: TrainState) -> TrainState:
-    """``vmap`` axes of a state stacked over agents: 0 for every array but the shared env handle and counter, and
-    the hyperparameters' own (``AgentHyperparameters.axes``: shared ones unmapped)."""
+def agent_axes(state: TrainState, *, shared_handle: bool = True) -> TrainState:
+    """``vmap`` axes of a state stacked over agents: 0 for every array but the counter and, with ``shared_handle``
+    (``Collector.shared_handle``: one host pool for all agents), the env handle; the hyperparameters' own
+    (``AgentHyperparameters.axes``: shared ones unmapped)."""
     axes = jax.tree.map(lambda x: 0 if eqx.is_array(x) else None, state)
+    if not shared_handle:
+        return eqx.tree_at(lambda s: (s.iteration, s.hyperparameters), axes, (None, state.hyperparameters.axes()))
     own = (None, None, state.hyperparameters.axes())
     return eqx.tree_at(lambda s: (s.carry.handle, s.iteration, s.hyperparameters), axes, own, is_leaf=_is_none)
 
@@ -168,11 +199,11 @@ def _is_none(x: object) -> bool:
     return x is None
 
 
-def over_agents(iteration: Iteration) -> Iteration:
+def over_agents(iteration: Iteration, *, shared_handle: bool = True) -> Iteration:
     """One agent's iteration ``vmap``-ed over the leading ``A`` axis of a stacked state (``agent_axes``)."""
 
     def agents(state: TrainState) -> tuple[TrainState, Metrics]:
-        axes = agent_axes(state)
+        axes = agent_axes(state, shared_handle=shared_handle)
         return eqx.filter_vmap(iteration, in_axes=(axes,), out_axes=(axes, 0))(state)
 
     return agents
@@ -190,7 +221,7 @@ def make_prime(collector: Collector, sizes: Sizes) -> Callable[[TrainState], Tra
         return prime
 
     def agents(state: TrainState) -> TrainState:
-        axes = agent_axes(state)
+        axes = agent_axes(state, shared_handle=collector.shared_handle)
         return eqx.filter_vmap(prime, in_axes=(axes,), out_axes=axes)(state)
 
     return agents

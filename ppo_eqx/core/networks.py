@@ -1,4 +1,5 @@
-"""ActorCritic: CleanRL's Nature-CNN agent for Atari frames, its two-MLP agent for vector observations.
+"""ActorCritic: CleanRL's Nature-CNN agent for Atari frames, its two-MLP agent for vector observations, and
+gymnax-blines' two wider ReLU MLPs for MinAtar's grids.
 
 Every layer takes a whole batch (leading axis ``B``); nothing here is vmapped. Convolutions can be
 computed in ways that give the same numbers (``conv_impl``):
@@ -27,6 +28,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, Shaped
 
 from . import cpu_kernel
+from ._types import ObsKind
 from .checks import check_actions, typechecked
 
 ConvRoute = Literal["kernel", "matmul", "xla"]
@@ -257,29 +259,48 @@ class NatureCNN(eqx.Module):
         return self.apply(self.prepare(obs, impl), impl)
 
 
-class MLP(eqx.Module):
-    layers: tuple[Dense, ...]
+Activation = Literal["tanh", "relu"]
+_ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu}
 
-    def __init__(self, sizes: tuple[int, ...], final_scale: float, *, key: PRNGKeyArray):
+
+class MLP(eqx.Module):
+    """Dense layers with ``activation`` between them (CleanRL's initialisation: gain sqrt(2), ``final_scale`` last)."""
+
+    layers: tuple[Dense, ...]
+    activation: Activation = eqx.field(static=True)
+
+    def __init__(
+        self, sizes: tuple[int, ...], final_scale: float, *, activation: Activation = "tanh", key: PRNGKeyArray
+    ):
         keys = jax.random.split(key, len(sizes) - 1)
         scales = [math.sqrt(2)] * (len(sizes) - 2) + [final_scale]
         self.layers = tuple(
             Dense(fan_in, fan_out, scale, key=k)
             for fan_in, fan_out, scale, k in zip(sizes[:-1], sizes[1:], scales, keys, strict=True)
         )
+        self.activation = activation
 
     def __call__(self, x: Float[Array, "B D"]) -> Float[Array, "B out"]:
+        act = _ACTIVATIONS[self.activation]
         for layer in self.layers[:-1]:
-            x = jnp.tanh(layer(x))
+            x = act(layer(x))
         return self.layers[-1](x)
+
+
+_KIND_OF_RANK: dict[int, ObsKind] = {3: "frames", 1: "vector"}
+"""The kind of an observation that ``ActorCritic`` is not told: CleanRL's two, by rank."""
+GRID_HIDDEN = 256
+"""Width of the two hidden layers of the MinAtar MLPs (gymnax-blines' ``Categorical-MLP``)."""
 
 
 class ActorCritic(eqx.Module):
     """Policy logits and state values for a batch of observations.
 
-    Pixel observations ``[B, C, H, W]`` (uint8, scaled by 1/255 inside) share a Nature-CNN torso between a
-    linear actor (gain 0.01) and a linear critic (gain 1), as CleanRL's Atari agent. Flat observations
-    ``[B, D]`` get CleanRL's classic-control agent: separate 64-64 tanh MLPs for actor and critic.
+    By the observations' ``kind`` (default: ``"frames"`` for a 3-D shape, ``"vector"`` for a 1-D one):
+    ``frames`` ``[B, C, H, W]`` (uint8, scaled by 1/255 inside) share a Nature-CNN torso between a linear actor
+    (gain 0.01) and a linear critic (gain 1), as CleanRL's Atari agent. ``vector`` ``[B, D]`` gets CleanRL's
+    classic-control agent: separate 64-64 tanh MLPs for actor and critic. ``grid`` ``[B, H, W, C]`` (MinAtar)
+    gets gymnax-blines' agent: separate 256-256 ReLU MLPs on the flattened grid, with CleanRL's initialisation.
     ``conv_impl`` is the route the convolutions take (see this module's docstring; default "xla", XLA's own, as
     CleanRL); building the model runs nothing but its initialisation.
     """
@@ -292,7 +313,13 @@ class ActorCritic(eqx.Module):
 
     @typechecked
     def __init__(
-        self, obs_shape: tuple[int, ...], num_actions: int, *, conv_impl: ConvRoute = "xla", key: PRNGKeyArray
+        self,
+        obs_shape: tuple[int, ...],
+        num_actions: int,
+        *,
+        kind: ObsKind | None = None,
+        conv_impl: ConvRoute = "xla",
+        key: PRNGKeyArray,
     ):
         if num_actions < 1:
             raise ValueError(f"num_actions={num_actions}; allowed: 1 or more")
@@ -303,16 +330,25 @@ class ActorCritic(eqx.Module):
             )
         torso_key, actor_key, critic_key = jax.random.split(key, 3)
         self.obs_shape, self.conv_impl = tuple(obs_shape), conv_impl
-        if len(obs_shape) == 3:
+        kind = kind or _KIND_OF_RANK.get(len(obs_shape))
+        if kind == "frames" and len(obs_shape) == 3:
             self.torso = NatureCNN(obs_shape, key=torso_key)
             self.actor = Dense(512, num_actions, 0.01, key=actor_key)
             self.critic = Dense(512, 1, 1.0, key=critic_key)
-        elif len(obs_shape) == 1:
+        elif kind == "vector" and len(obs_shape) == 1:
             self.torso = None
             self.actor = MLP((obs_shape[0], 64, 64, num_actions), 0.01, key=actor_key)
             self.critic = MLP((obs_shape[0], 64, 64, 1), 1.0, key=critic_key)
+        elif kind == "grid" and len(obs_shape) == 3:
+            self.torso = None
+            width = math.prod(obs_shape)
+            self.actor = MLP((width, GRID_HIDDEN, GRID_HIDDEN, num_actions), 0.01, activation="relu", key=actor_key)
+            self.critic = MLP((width, GRID_HIDDEN, GRID_HIDDEN, 1), 1.0, activation="relu", key=critic_key)
         else:
-            raise ValueError(f"observation shape {obs_shape} is neither [C, H, W] frames nor a flat vector")
+            raise ValueError(
+                f"observation shape {obs_shape} (kind {kind!r}) is neither [C, H, W] frames, a flat vector nor an "
+                "[H, W, C] grid"
+            )
 
     def prepare(self, obs: Shaped[Array, " B *obs"]) -> Shaped[Array, " B *prepared"]:
         """Observations relaid out for the torso (frames only; vectors pass through). Pass the result with
@@ -336,7 +372,7 @@ class ActorCritic(eqx.Module):
                 f"array of shape {list(obs.shape)}; for one observation pass obs[None]"
             )
         if self.torso is None:
-            x = obs.astype(jnp.float32)
+            x = obs.reshape(obs.shape[0], -1).astype(jnp.float32)  # a grid is flattened; a vector stays as it is
             return self.actor(x), self.critic(x)[:, 0]
         hidden = self.torso.apply(obs if prepared else self.prepare(obs), self.conv_impl)
         return self.actor(hidden), self.critic(hidden)[:, 0]

@@ -24,6 +24,14 @@ def init_episode_stats(num_envs: int) -> EpisodeStats:
     )
 
 
+def fresh_episodes(stats: EpisodeStats) -> EpisodeStats:
+    """Statistics for new envs: no running episode, the last finished ones kept."""
+    return stats._replace(
+        episode_returns=jnp.zeros_like(stats.episode_returns),
+        episode_lengths=jnp.zeros_like(stats.episode_lengths),
+    )
+
+
 def update_episode_stats(stats: EpisodeStats, out: EnvOutput) -> EpisodeStats:
     """Add one step's raw reward; when a game is over, keep its return and length and start again."""
     returns = stats.episode_returns + out.raw_reward

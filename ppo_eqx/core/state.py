@@ -1,5 +1,5 @@
 """What training threads from one iteration to the next (``TrainState``), what a checkpoint keeps of it
-(``Checkpoint``: the state less the envs), and a fresh run's agents (``init_agents``)."""
+(``Checkpoint``: the state with what the collector keeps of the envs), and a fresh run's agents (``init_agents``)."""
 
 import equinox as eqx
 import jax
@@ -32,17 +32,20 @@ class TrainState(eqx.Module):
 
 
 class Checkpoint(eqx.Module):
-    """What a checkpoint holds: the training state less the envs (a backend's env state cannot be saved) and
-    the hyperparameters (the checkpoint's config has them).
+    """What a checkpoint holds: the training state less the hyperparameters (the checkpoint's config has them),
+    with what the collector keeps of the envs (``Collector.save``).
 
-    ``stats`` keeps the last finished episode of every env; its running episodes are dropped on restore, as
-    the envs are made afresh. With ``num_agents`` A > 1 every field but ``iteration`` has a leading ``A`` axis.
+    ``envs`` is, for a host backend (EnvPool, ALE: their env state cannot be saved), the episode statistics: the
+    last finished episode of every env is kept and the running ones are dropped on restore, as the envs are made
+    afresh. For a backend whose env state is data (gymnax) it is the whole rollout carry (env state, env keys,
+    observations, episode statistics): a restored run goes on exactly as the uninterrupted one. With
+    ``num_agents`` A > 1 every field but ``iteration`` has a leading ``A`` axis.
     """
 
     model: ActorCritic
     opt_state: PyTree
     key: AgentKeys
-    stats: EpisodeStats
+    envs: PyTree
     iteration: Int[Array, ""]
 
 
@@ -55,15 +58,15 @@ def init_agents(
     sizes: Sizes,
     conv_impl: ConvRoute,
 ) -> Checkpoint:
-    """A fresh run's model, optimizer state, key and episode statistics, at iteration 0: agent k's from
-    ``PRNGKey(seeds[k])`` and its ``hyperparameters``, each stacked over a leading ``A`` axis when
+    """A fresh run's model, optimizer state, key and episode statistics (as ``envs``), at iteration 0: agent k's
+    from ``PRNGKey(seeds[k])`` and its ``hyperparameters``, each stacked over a leading ``A`` axis when
     ``sizes.num_agents`` > 1 (``eqx.filter_vmap`` over the agents); one agent's, unstacked, otherwise."""
 
     def init(
         seed: int | Int[Array, ""], agent: AgentHyperparameters
     ) -> tuple[ActorCritic, PyTree, Array, EpisodeStats]:
         key, model_key = jax.random.split(jax.random.PRNGKey(seed))
-        model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=conv_impl, key=model_key)
+        model = ActorCritic(spec.obs_shape, spec.num_actions, kind=spec.kind, conv_impl=conv_impl, key=model_key)
         opt_state = make_optimizer(agent, sizes).init(eqx.filter(model, eqx.is_array))
         return model, opt_state, key, init_episode_stats(num_envs)
 
@@ -73,11 +76,3 @@ def init_agents(
         init_agent = eqx.filter_vmap(init, in_axes=(0, hyperparameters.axes()))
         model, opt_state, key, stats = init_agent(seeds, hyperparameters)
     return Checkpoint(model, opt_state, key, stats, jnp.zeros((), jnp.int32))
-
-
-def fresh_episodes(stats: EpisodeStats) -> EpisodeStats:
-    """Statistics for new envs: no running episode, the last finished ones kept."""
-    return stats._replace(
-        episode_returns=jnp.zeros_like(stats.episode_returns),
-        episode_lengths=jnp.zeros_like(stats.episode_lengths),
-    )

@@ -1,8 +1,8 @@
 """Checkpoints in ``RUN_DIR/checkpoints``: ``iter_NNNNNN.eqx`` (the arrays) beside ``iter_NNNNNN.json``.
 
-The ``.eqx`` file is ``eqx.tree_serialise_leaves`` of a ``Checkpoint`` (model, optimizer state, key,
-episode statistics, iteration); the ``.json`` file holds the config, the iteration, and the size and SHA-256
-of the ``.eqx`` file. Each is written to a temporary file, fsynced and renamed over its name, the ``.eqx``
+The ``.eqx`` file is ``eqx.tree_serialise_leaves`` of a ``Checkpoint`` (model, optimizer state, key, what the
+collector keeps of the envs, iteration); the ``.json`` file holds the config, the iteration, and the size and
+SHA-256 of the ``.eqx`` file. Each is written to a temporary file, fsynced and renamed over its name, the ``.eqx``
 first: a checkpoint exists once its ``.json`` does, and a kill at any moment leaves the previous ones whole.
 Reading (``read_checkpoint``) reads both files once and checks the size and hash before an array is used;
 loading (``load_checkpoint``) checks the shapes and dtypes against a "like" tree built from the config, with
@@ -21,11 +21,12 @@ import jax
 import jax.numpy as jnp
 
 from ..config import PPOConfig
-from ..core.envs import EnvSpec
+from ..core.envs import EnvBackend, EnvSpec, backend
 from ..core.iteration import all_finite
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, init_agents
 from ..errors import CheckpointError, ConfigError
+from .pools import EnvShare, make_collector, pool_env_seeds
 from .rundir import CHECKPOINT_DIR, CONFIG, json_bytes, write_atomic
 
 FORMAT_VERSION = 1
@@ -41,9 +42,9 @@ class CheckpointFile(NamedTuple):
     arrays: bytes
 
 
-def init_checkpoint(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> Checkpoint:
+def fresh_agents(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> Checkpoint:
     """A fresh run's agents at iteration 0 (``core.state.init_agents``), agent k initialised as the single run of
-    ``config.agent_configs()[k]``; under ``eqx.filter_eval_shape`` the "like" tree that a checkpoint loads into."""
+    ``config.agent_configs()[k]``, with fresh episode statistics as their ``envs``."""
     seeds = config.seed if config.num_agents == 1 else jnp.asarray([agent.seed for agent in config.agent_configs()])
     return init_agents(
         spec,
@@ -53,6 +54,21 @@ def init_checkpoint(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -
         sizes=config.sizes,
         conv_impl=conv_impl,
     )
+
+
+def init_checkpoint(
+    config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute, env_backend: EnvBackend | None = None
+) -> Checkpoint:
+    """A fresh run's checkpoint: its agents (``fresh_agents``) with what a checkpoint keeps of its envs, the
+    episode statistics or, where the backend's env state is data (default: ``config.env_backend``'s), the carry of
+    the run's first envs. Under ``eqx.filter_eval_shape`` the "like" tree that a checkpoint loads into (making
+    gymnax's envs is pure: nothing runs)."""
+    checkpoint = fresh_agents(config, spec, conv_impl=conv_impl)
+    env_backend = env_backend or backend(config.env_backend)
+    if not env_backend.state_is_data:
+        return checkpoint
+    _, collector = make_collector(env_backend, config, pool_env_seeds(config, 0), EnvShare())
+    return eqx.tree_at(lambda c: c.envs, checkpoint, collector.save(collector.carry(checkpoint.envs)))
 
 
 def checkpoint_name(iteration: int) -> str:

@@ -7,6 +7,7 @@ import jax
 
 from ..config import ConvImpl
 from ..core import cpu_kernel
+from ..core.envs import EnvSpec
 from ..core.networks import ConvRoute
 from ..errors import ConfigError
 
@@ -38,3 +39,9 @@ def resolve_conv_impl(conv_impl: ConvImpl, obs_shape: tuple[int, ...]) -> ConvRo
     if reason is not None:
         raise ConfigError(f"conv_impl='kernel' is unavailable: {reason}; allowed: auto, matmul or xla")
     return "kernel"
+
+
+def resolve_conv_impl_for(conv_impl: ConvImpl, spec: EnvSpec) -> ConvRoute:
+    """``resolve_conv_impl`` for the model of ``spec``'s observations: only frames are convolved (a MinAtar grid,
+    3-D too, goes through MLPs), so anything else takes "matmul" for "auto" and builds no kernel."""
+    return resolve_conv_impl(conv_impl, spec.obs_shape if spec.kind == "frames" else ())

@@ -1,5 +1,6 @@
-"""The host loop: dispatch iterations on a ``Trainer``, read each one's metrics as the next runs, and turn them
-into one record per agent (``run_seeds``; ``run`` for one agent, ``train`` from a config)."""
+"""The host loop: dispatch programs on a ``Trainer`` (an iteration each, or a chunk of them), read each one's
+metrics as the next runs, and turn them into one record per agent and iteration (``run_seeds``; ``run`` for one
+agent, ``train`` from a config)."""
 
 import math
 import time
@@ -23,11 +24,12 @@ def train(config: PPOConfig, *, num_iterations: int | None = None) -> Iterator[d
 
 
 def run(trainer: Trainer, *, num_iterations: int | None = None) -> Iterator[dict[str, float]]:
-    """The host loop over ``trainer.step()``; stops after ``config.num_iterations`` in all (or
+    """The host loop over ``trainer.dispatch()``; stops after ``config.num_iterations`` in all (or
     ``num_iterations``).
 
-    Each record holds ``iteration``, ``global_step``, ``sps`` (env steps per second of this iteration),
-    ``time_elapsed`` (seconds since the loop started, the first iteration's compile included) and the
+    Each record holds ``iteration``, ``global_step``, ``sps`` (env steps per second of this iteration; of its
+    chunk, where one program runs several), ``time_elapsed`` (seconds since the loop started, the first
+    program's compile included, at the end of the program that ran the iteration) and the
     iteration's metrics as floats. Raises NonFiniteError (naming the iteration) instead of yielding an
     iteration whose loss or parameters are NaN or inf. For a single agent; ``run_seeds`` yields every agent's.
     """
@@ -60,32 +62,34 @@ def run_seeds(
     An agent's ``global_step`` and ``sps`` count its own ``num_envs * num_steps`` steps per iteration;
     ``time_elapsed`` starts at ``time_offset`` (the seconds a resumed run had trained before).
 
-    The loop never waits for the device between iterations: iteration k+1 is dispatched before k's metrics
-    are read, unless ``pause(k)`` is True (the caller will read the state after k: a checkpoint), in which case
-    ``trainer.state`` is that of iteration k when k's records are yielded. Otherwise it may be one ahead
-    (``trainer.iteration``): keep iterating to receive that iteration's records.
+    The loop never waits for the device between programs: the program after the one ending at iteration k is
+    dispatched before k's metrics are read, unless ``pause(k)`` is True (the caller will read the state after k:
+    a checkpoint), in which case ``trainer.state`` is that of iteration k when k's records are yielded. Otherwise
+    it may be ahead (``trainer.iteration``): keep iterating to receive those iterations' records. With programs of
+    several iterations, ``pause`` is asked at each program's end, and their records come together after it.
     """
     config, pause = trainer.config, pause or (lambda iteration: False)
     start = last = time.perf_counter()
     total = config.num_iterations if num_iterations is None else num_iterations
-    pending = trainer.step() if trainer.iteration < total else None
+    pending = trainer.dispatch(total) if trainer.iteration < total else None
     while pending is not None:
-        iteration = trainer.iteration
-        # When iteration k ended: before k+1 is dispatched if k is done by then (a backend that ran it within its
-        # dispatch, as XLA:CPU does with EnvPool's step), else once its metrics arrive.
+        end = pending.end
+        # When the program ended: before the next is dispatched if it is done by then (a backend that ran it within
+        # its dispatch, as XLA:CPU does with EnvPool's step), else once its metrics arrive.
         before_ahead = time.perf_counter()
-        done = all(leaf.is_ready() for leaf in jax.tree.leaves(pending))
-        ahead = trainer.step() if iteration < total and not pause(iteration) else None
-        metrics = jax.device_get(pending)
-        finite = np.asarray(metrics.pop(FINITE)).all()
+        done = all(leaf.is_ready() for leaf in jax.tree.leaves(pending.metrics))
+        ahead = trainer.dispatch(total) if end < total and not pause(end) else None
+        rows = pending.rows(jax.device_get(pending.metrics))
         now = before_ahead if done else time.perf_counter()
-        records = agent_records(config, iteration, metrics, now - last)
-        for record in records:
-            record["time_elapsed"] = now - start + time_offset
+        for iteration, metrics in enumerate(rows, start=end - pending.count + 1):
+            finite = np.asarray(metrics.pop(FINITE)).all()
+            records = agent_records(config, iteration, metrics, (now - last) / pending.count)
+            for record in records:
+                record["time_elapsed"] = now - start + time_offset
+            _check_finite(config, iteration, records, bool(finite))
+            yield records
         last = now
-        _check_finite(config, iteration, records, bool(finite))
-        yield records
-        pending = ahead if ahead is not None else trainer.step() if trainer.iteration < total else None
+        pending = ahead if ahead is not None else trainer.dispatch(total) if trainer.iteration < total else None
 
 
 def _check_finite(config: PPOConfig, iteration: int, records: list[dict[str, Any]], finite: bool) -> None:

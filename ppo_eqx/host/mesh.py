@@ -18,11 +18,12 @@ from ..core._types import Batch, EpisodeStats
 from ..core.collect import Collector
 from ..core.iteration import Collected, Metrics, collect, compose, learn
 from ..core.networks import ActorCritic
+from ..core.rollout import fresh_episodes
 from ..core.sharded import replicate, shard_batch, sharded_update
-from ..core.state import Checkpoint, TrainState, fresh_episodes
+from ..core.state import Checkpoint, TrainState
 from ..errors import ConfigError
 from ..hyperparameters import AgentHyperparameters, Sizes
-from .placement import EnvShare
+from .pools import EnvShare
 
 
 def local(tree: PyTree) -> PyTree:
@@ -58,6 +59,16 @@ def check_mesh_config(config: PPOConfig, mesh: Mesh) -> None:
     if config.async_batch_size:
         raise ConfigError(
             f"async_batch_size={config.async_batch_size} cannot train on a mesh of {num_devices} devices; allowed: 0"
+        )
+    if config.env_backend == "gymnax":
+        raise ConfigError(
+            f"env_backend='gymnax' cannot train on a mesh of {num_devices} devices (not done yet); allowed: "
+            "envpool, ale"
+        )
+    if config.iterations_per_dispatch != 1:
+        raise ConfigError(
+            f"iterations_per_dispatch={config.iterations_per_dispatch} cannot train on a mesh of {num_devices} "
+            "devices (each iteration is two programs there); allowed: 1"
         )
     if config.num_envs % num_devices or config.minibatch_size % num_devices:
         raise ConfigError(
@@ -97,7 +108,7 @@ class MeshPlacement:
 
     def place(self, checkpoint: Checkpoint, collector: Collector, hyperparameters: AgentHyperparameters) -> TrainState:
         own = slice(self.share.first, self.share.first + (self.share.count or 0))
-        stats = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[own]), checkpoint.stats)
+        stats = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[own]), checkpoint.envs)
         carry = collector.carry(fresh_episodes(stats))
         self._static = eqx.partition(checkpoint.model, eqx.is_array)[1]
         model, opt_state = replicate(checkpoint.model, self.mesh), replicate(checkpoint.opt_state, self.mesh)
@@ -155,7 +166,7 @@ class MeshPlacement:
         params = eqx.filter(state.model, eqx.is_array)
         self._learn.lower(params, state.opt_state, batch, state.hyperparameters, key).compile()
 
-    def checkpoint(self, state: TrainState) -> Checkpoint:
+    def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint:
         stats = jax.tree.map(lambda x: jnp.asarray(gather_envs(x)), state.carry.stats)
         return Checkpoint(local(state.model), local(state.opt_state), state.key, stats, state.iteration)
 
@@ -173,6 +184,9 @@ class _MeshProgram:
     """One data-parallel iteration, ``compose``d as on one device from two programs: the collect stage of this
     process's envs (compiled against its pool), then the placement's sharded learn stage."""
 
+    length = 1
+    """One iteration a call (``Program.length``)."""
+
     def __init__(self, placement: MeshPlacement, collector: Collector):
         def collect_local(
             model_and_hyperparameters: tuple[ActorCritic, AgentHyperparameters], carry: Any, key: PRNGKeyArray
@@ -189,7 +203,7 @@ class _MeshProgram:
     def _collect_stage(self, state: TrainState) -> Collected:
         return self._collect((local(state.model), local(state.hyperparameters)), state.carry, state.key)
 
-    def __call__(self, state: TrainState) -> tuple[TrainState, Metrics]:
+    def __call__(self, state: TrainState, count: int = 1) -> tuple[TrainState, Metrics]:
         return self._iteration(state)
 
     def prime(self, state: TrainState) -> TrainState:

@@ -1,36 +1,35 @@
 """Where the iteration runs: the ``Placement`` protocol the ``Trainer`` composes, and ``OneDevice``, the whole
-iteration as one jitted program on the default device (``ppo_eqx.host.mesh.MeshPlacement`` is the other)."""
+iteration (or a chunk of iterations) as one jitted program on the default device (``ppo_eqx.host.mesh
+.MeshPlacement`` is the other)."""
 
-from typing import NamedTuple, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import equinox as eqx
+import jax.numpy as jnp
 
 from ..config import PPOConfig
 from ..core.collect import Collector
 from ..core.envs import EnvSpec
-from ..core.iteration import Metrics, make_iteration, make_prime
+from ..core.iteration import Metrics, make_iteration, make_prime, over_iterations
 from ..core.networks import ConvRoute
-from ..core.state import Checkpoint, TrainState, fresh_episodes
+from ..core.state import Checkpoint, TrainState
 from ..hyperparameters import AgentHyperparameters, Sizes
-from .checkpoint import init_checkpoint
+from .checkpoint import fresh_agents
+from .pools import EnvShare
 
 
 @runtime_checkable
 class Program(Protocol):
     """A segment's compiled iteration, as a placement builds it."""
 
-    def __call__(self, state: TrainState) -> tuple[TrainState, Metrics]: ...
+    length: int
+    """The most iterations one call runs: 1 (its metrics are the iteration's), or a chunk's length (its metrics
+    stacked ``[length, ...]``, the first ``count`` rows filled)."""
+
+    def __call__(self, state: TrainState, count: int = 1) -> tuple[TrainState, Metrics]: ...
     def prime(self, state: TrainState) -> TrainState: ...
     def compile(self, state: TrainState) -> None: ...
-
-
-class EnvShare(NamedTuple):
-    """Which envs of the run this process steps: ``count`` from ``first`` (all of them when ``count`` is None);
-    ``total`` is the run's number when it is more (see ``rollout``'s ``total_envs``)."""
-
-    first: int = 0
-    count: int | None = None
-    total: int | None = None
 
 
 @runtime_checkable
@@ -43,27 +42,35 @@ class Placement(Protocol):
         self, checkpoint: Checkpoint, collector: Collector, hyperparameters: AgentHyperparameters
     ) -> TrainState: ...
     def program(self, collector: Collector, sizes: Sizes) -> Program: ...
-    def checkpoint(self, state: TrainState) -> Checkpoint: ...
+    def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint: ...
 
 
 class _Jitted:
-    """The iteration and the priming of one segment, each one ``eqx.filter_jit`` traced at most once."""
+    """The iteration (or, with ``sizes.iterations_per_dispatch`` K > 1, a chunk of up to K iterations:
+    ``over_iterations``) and the priming of one segment, each one ``eqx.filter_jit`` traced at most once."""
 
     def __init__(self, collector: Collector, sizes: Sizes):
-        iteration = eqx.debug.assert_max_traces(make_iteration(collector, sizes), max_traces=1)
+        self.length = sizes.iterations_per_dispatch
+        iteration = make_iteration(collector, sizes)
+        run: Callable[..., tuple[TrainState, Metrics]] = (
+            iteration if self.length == 1 else over_iterations(iteration, self.length)
+        )
         prime = eqx.debug.assert_max_traces(make_prime(collector, sizes), max_traces=1)
-        self._iteration = eqx.filter_jit(iteration, donate="all")
+        self._run = eqx.filter_jit(eqx.debug.assert_max_traces(run, max_traces=1), donate="all")
         self._prime = eqx.filter_jit(prime, donate="all")
 
-    def __call__(self, state: TrainState) -> tuple[TrainState, Metrics]:
-        return self._iteration(state)
+    def _args(self, state: TrainState, count: int) -> tuple:
+        return (state,) if self.length == 1 else (state, jnp.asarray(count, jnp.int32))
+
+    def __call__(self, state: TrainState, count: int = 1) -> tuple[TrainState, Metrics]:
+        return self._run(*self._args(state, count))
 
     def prime(self, state: TrainState) -> TrainState:
         return self._prime(state)
 
     def compile(self, state: TrainState) -> None:
         self._prime.lower(state).compile()  # pyright: ignore[reportFunctionMemberAccess]
-        self._iteration.lower(state).compile()  # pyright: ignore[reportFunctionMemberAccess]
+        self._run.lower(*self._args(state, 1)).compile()  # pyright: ignore[reportFunctionMemberAccess]
 
 
 class OneDevice:
@@ -72,7 +79,7 @@ class OneDevice:
     share = EnvShare()
 
     def place(self, checkpoint: Checkpoint, collector: Collector, hyperparameters: AgentHyperparameters) -> TrainState:
-        carry = collector.carry(fresh_episodes(checkpoint.stats))
+        carry = collector.restore(checkpoint.envs)
         return TrainState(
             checkpoint.model, checkpoint.opt_state, carry, checkpoint.key, checkpoint.iteration, hyperparameters
         )
@@ -80,13 +87,15 @@ class OneDevice:
     def program(self, collector: Collector, sizes: Sizes) -> Program:
         return _Jitted(collector, sizes)
 
-    def checkpoint(self, state: TrainState) -> Checkpoint:
-        return Checkpoint(state.model, state.opt_state, state.key, state.carry.stats, state.iteration)
+    def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint:
+        return Checkpoint(state.model, state.opt_state, state.key, collector.save(state.carry), state.iteration)
 
 
 def init_state(config: PPOConfig, spec: EnvSpec, collector: Collector, *, conv_impl: ConvRoute) -> TrainState:
-    """A fresh run's training state on one device: ``config``'s agents (``init_checkpoint``) with the carry of
+    """A fresh run's training state on one device: ``config``'s agents (``fresh_agents``) with the carry of
     ``collector``'s envs, ready for ``make_iteration(collector, config.sizes)`` (after ``make_prime``'s priming,
     for an async collector)."""
-    checkpoint = init_checkpoint(config, spec, conv_impl=conv_impl)
-    return OneDevice().place(checkpoint, collector, config.agent_hyperparameters())
+    agents = fresh_agents(config, spec, conv_impl=conv_impl)
+    carry = collector.carry(agents.envs)
+    hyperparameters = config.agent_hyperparameters()
+    return TrainState(agents.model, agents.opt_state, carry, agents.key, agents.iteration, hyperparameters)

@@ -2,9 +2,10 @@
 (``core.collect``: turns a pool into batches) and a placement (``placement.OneDevice``, or
 ``mesh.MeshPlacement``: where the iteration runs), and owns the envs of a run, segment by segment.
 
-The envs of a run live in segments of ``config.checkpoint_every`` iterations: each segment's envs are made
-afresh and seeded from (seed, first iteration of the segment) alone, so a run restored from a checkpoint at a
-segment boundary goes on exactly as the uninterrupted run did.
+The envs of a host backend (EnvPool, ALE) live in segments of ``config.checkpoint_every`` iterations: each
+segment's envs are made afresh and seeded from (seed, first iteration of the segment) alone, so a run restored
+from a checkpoint at a segment boundary goes on exactly as the uninterrupted run did. A backend whose env state
+is data (gymnax) has one pool for the whole run: its state is saved in every checkpoint instead.
 
 With ``config.num_agents`` A > 1 the program trains A independent agents (``num_seeds`` seeds of each setting of
 ``config.sweep``) on one pool of ``A * num_envs`` envs: agent k's envs are those of the single run of
@@ -14,41 +15,39 @@ With ``config.num_agents`` A > 1 the program trains A independent agents (``num_
 import concurrent.futures
 import time
 from types import TracebackType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from ..config import PPOConfig
-from ..core.collect import Collector, async_collector, sync_collector
-from ..core.envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend, segment_env_seeds
+from ..core.collect import Collector
+from ..core.envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend
 from ..core.iteration import Metrics
 from ..core.networks import ConvRoute
-from ..core.state import Checkpoint, fresh_episodes
+from ..core.state import Checkpoint
 from .checkpoint import init_checkpoint
-from .conv_route import resolve_conv_impl
-from .placement import EnvShare, OneDevice, Placement, Program
+from .conv_route import resolve_conv_impl_for
+from .placement import OneDevice, Placement, Program
+from .pools import make_collector, pool_env_seeds
 
 
-def pool_env_seeds(config: PPOConfig, iteration: int) -> list[int]:
-    """Seeds of the ``num_agents * num_envs`` envs of one pool that play from ``iteration`` on: agent k's
-    ``num_envs`` envs come k-th, with the seeds that its single run (``config.agent_configs()[k]``) gives them."""
-    return [s for agent in config.agent_configs() for s in segment_env_seeds(agent.seed, iteration, config.num_envs)]
+class Dispatch(NamedTuple):
+    """One program's run, dispatched (not waited for): ``count`` iterations, the last of which is ``end``, and
+    their metrics, device arrays: stacked ``[K, ...]`` (the first ``count`` rows) when ``stacked``, else the one
+    iteration's."""
 
+    end: int
+    count: int
+    metrics: Metrics
+    stacked: bool
 
-def make_collector(
-    env_backend: EnvBackend, config: PPOConfig, seeds: list[int], share: EnvShare
-) -> tuple[Pool | AsyncPool, Collector]:
-    """A pool of ``seeds`` envs and its collector: EnvPool's async one when ``config.async_batch_size`` > 0."""
-    if config.async_batch_size:
-        pool = env_backend.make_async(config.env_id, seeds, config.async_batch_size)
-        return pool, async_collector(pool, num_steps=config.num_steps)
-    pool = env_backend.make(config.env_id, seeds)
-    collector = sync_collector(
-        pool, num_steps=config.num_steps, num_agents=config.num_agents, first_env=share.first, total_envs=share.total
-    )
-    return pool, collector
+    def rows(self, fetched: dict[str, Any]) -> list[dict[str, Any]]:
+        """Each iteration's metrics, oldest first, from ``jax.device_get(self.metrics)``."""
+        if not self.stacked:
+            return [fetched]
+        return [{name: value[i] for name, value in fetched.items()} for i in range(self.count)]
 
 
 class _Segment(NamedTuple):
@@ -63,17 +62,21 @@ class _Segment(NamedTuple):
 class Trainer:
     """Owns the envs and the compiled iteration; ``state`` is the only thing that changes.
 
-    ``step()`` runs one iteration. After every ``config.checkpoint_every``-th iteration (but the last) the envs
-    are replaced by new ones seeded from (seed, iteration) and reset; the running episodes are dropped from the
-    statistics. The next segment's envs are made in a background thread while the current segment runs. Where
-    the backend ``rebinds`` (ALE), the compiled iteration drives them; EnvPool's XLA call is bound to one pool,
-    so there each segment has its own compiled iteration, compiled in that thread too. Each is traced once: a
-    retrace (a changed shape or dtype in the state) raises instead of silently recompiling.
+    ``dispatch()`` runs one program: one iteration, or with ``config.iterations_per_dispatch`` K > 1 up to K of
+    them, never past a multiple of ``checkpoint_every`` (where checkpoints are written). For a host backend,
+    after every ``config.checkpoint_every``-th iteration (but the last) the envs are replaced by new ones seeded
+    from (seed, iteration) and reset; the running episodes are dropped from the statistics. The next segment's
+    envs are made in a background thread while the current segment runs. Where the backend ``rebinds`` (ALE), the
+    compiled iteration drives them; EnvPool's XLA call is bound to one pool, so there each segment has its own
+    compiled iteration, compiled in that thread too. A backend whose env state is data (gymnax) keeps its one
+    pool for the run. Each program is traced once: a retrace (a changed shape or dtype in the state) raises
+    instead of silently recompiling.
 
     ``restore`` continues from a checkpoint: its model (with the convolutions it was loaded with), optimizer
-    state, key, iteration and finished-episode statistics, with the envs of the segment that starts at its
-    iteration. ``conv_impl`` is how a fresh model computes its convolutions (default: ``config.conv_impl``
-    resolved here, ``resolve_conv_impl``); ``trainer.conv_impl`` is what the model computes. ``placement`` says
+    state, key and iteration, with the envs of the segment that starts at its iteration and the finished-episode
+    statistics (or, where the env state is data, the envs as they were saved). ``conv_impl`` is how a fresh
+    model computes its convolutions (default: ``config.conv_impl`` resolved here, ``resolve_conv_impl_for``);
+    ``trainer.conv_impl`` is what the model computes. ``placement`` says
     where the iteration runs (default ``OneDevice()``; ``mesh.MeshPlacement`` for devices and hosts);
     ``env_backend`` makes the envs (default: ``config.env_backend``'s). Use it as a context manager, or call
     ``close()`` when done.
@@ -93,8 +96,8 @@ class Trainer:
         self.placement = placement or OneDevice()
         self.spec: EnvSpec = self.backend.spec(config.env_id)
         if restore is None:
-            conv_impl = conv_impl or resolve_conv_impl(config.conv_impl, self.spec.obs_shape)  # type: ignore[arg-type]
-            restore = init_checkpoint(config, self.spec, conv_impl=conv_impl)
+            conv_impl = conv_impl or resolve_conv_impl_for(config.conv_impl, self.spec)  # type: ignore[arg-type]
+            restore = init_checkpoint(config, self.spec, conv_impl=conv_impl, env_backend=self.backend)
         self.conv_impl: ConvRoute = restore.model.conv_impl
         # The compiled program donates the state it is given: place a copy, so that ``restore`` stays the caller's.
         own: Checkpoint = jax.tree.map(lambda x: jnp.copy(x) if eqx.is_array(x) else x, restore)
@@ -133,25 +136,36 @@ class Trainer:
         return segment
 
     def _prepare_after(self, start: int) -> None:
-        """Make and compile the next segment's envs in the background, if the run gets there."""
+        """Make and compile the next segment's envs in the background, if the run gets there and has segments."""
         every = self.config.checkpoint_every
         next_start = (start // every + 1) * every
-        if next_start < self.config.num_iterations:
+        if not self.backend.state_is_data and next_start < self.config.num_iterations:
             self._next = self._prefetch.submit(self._make_compiled_segment, next_start)
 
     def compile(self) -> float:
-        """Compile the iteration ahead of the first step; returns the seconds it took."""
+        """Compile the program ahead of the first dispatch; returns the seconds it took."""
         start = time.perf_counter()
         self._segment.program.compile(self.state)
         return time.perf_counter() - start
 
-    def step(self) -> Metrics:
-        """One iteration (dispatched, not waited for); new envs after every ``checkpoint_every``-th."""
-        self.state, metrics = self._segment.program(self.state)
-        self.iteration += 1
-        if self.iteration % self.config.checkpoint_every == 0 and self.iteration < self.config.num_iterations:
+    def dispatch(self, until: int | None = None) -> Dispatch:
+        """Run the program once (dispatched, not waited for): up to ``iterations_per_dispatch`` iterations, ending
+        at the next multiple of ``checkpoint_every`` or at ``until`` (default: the run's end) if sooner; new envs
+        after every ``checkpoint_every``-th iteration where the backend has segments."""
+        config, program = self.config, self._segment.program
+        every, until = config.checkpoint_every, config.num_iterations if until is None else until
+        boundary = (self.iteration // every + 1) * every
+        count = max(1, min(program.length, boundary - self.iteration, until - self.iteration))
+        self.state, metrics = program(self.state, count)
+        self.iteration += count
+        renew = not self.backend.state_is_data and self.iteration % every == 0
+        if renew and self.iteration < config.num_iterations:
             self._new_envs(self.iteration)
-        return metrics
+        return Dispatch(self.iteration, count, metrics, program.length > 1)
+
+    def step(self) -> Metrics:
+        """``dispatch()``'s metrics: one iteration's, or stacked ``[K, ...]`` for a program of K iterations."""
+        return self.dispatch().metrics
 
     def _new_envs(self, iteration: int) -> None:
         if self._next is None:
@@ -160,14 +174,14 @@ class Trainer:
         if segment.start != iteration:
             raise RuntimeError(f"envs were prepared for iteration {segment.start}, not {iteration}")
         old, self._segment, self._next = self._segment, segment, None
-        carry = segment.collector.carry(fresh_episodes(self.state.carry.stats))
+        carry = segment.collector.restore(old.collector.save(self.state.carry))
         self.state = segment.program.prime(eqx.tree_at(lambda s: s.carry, self.state, carry))
         old.pool.close()
         self._prepare_after(iteration)
 
     def checkpoint(self) -> Checkpoint:
-        """The state to save now; the next ``step()`` donates its arrays, so save it before."""
-        return self.placement.checkpoint(self.state)
+        """The state to save now; the next ``dispatch()`` donates its arrays, so save it before."""
+        return self.placement.checkpoint(self.state, self._segment.collector)
 
     def close(self) -> None:
         """Stop preparing envs (waiting for a compile under way) and let the worker thread go."""

@@ -4,7 +4,8 @@ A backend (``EnvBackend``) knows the spec of an env id and makes pools of N envs
 steps all of them at once through a pure, jittable ``step(handle, actions) -> (handle, EnvOutput)``; an
 ``AsyncPool`` (where the backend has one) receives and sends R of them at a time. Each backend lives in a
 module of its own, the only one that imports its library; ``backend(name)`` imports it on first use.
-``envpool`` (``ppo_eqx.core.envs.envpool``, the default) and ``ale`` (``ppo_eqx.core.envs.ale``, ALE's own vector env).
+``envpool`` (``ppo_eqx.core.envs.envpool``, the default), ``ale`` (``ppo_eqx.core.envs.ale``, ALE's own vector env)
+and ``gymnax`` (``ppo_eqx.core.envs.gymnax``, envs written in JAX, whose state is data: ``EnvBackend.state_is_data``).
 """
 
 import importlib
@@ -18,7 +19,7 @@ from jax import custom_batching
 from jaxtyping import Array, Int
 
 from ...errors import ConfigError
-from .._types import EnvOutput
+from .._types import EnvOutput, ObsKind
 
 EnvStep = Callable[[Any, Int[Array, " N"]], tuple[Any, EnvOutput]]
 """``env_step(handle, actions) -> (handle, EnvOutput)``: pure, jittable, the handle threaded through."""
@@ -39,6 +40,7 @@ class _Module(NamedTuple):
 BACKENDS = {
     "envpool": _Module("ppo_eqx.core.envs.envpool", ("envpool",), "pip install envpool"),
     "ale": _Module("ppo_eqx.core.envs.ale", ("ale_py", "chex", "gymnasium"), "pip install 'ppo_eqx[ale]'"),
+    "gymnax": _Module("ppo_eqx.core.envs.gymnax", ("gymnax", "flax"), "pip install 'ppo_eqx[gymnax]'"),
 }
 """Backend name -> where it lives and what it needs."""
 
@@ -48,7 +50,7 @@ class EnvSpec(NamedTuple):
     obs_shape: tuple[int, ...]
     obs_dtype: np.dtype
     num_actions: int
-    is_atari: bool
+    kind: ObsKind
 
 
 class Pool(NamedTuple):
@@ -61,7 +63,7 @@ class Pool(NamedTuple):
     spec: EnvSpec
     handle: Any
     step: EnvStep
-    first_obs: np.ndarray
+    first_obs: np.ndarray | Array
     close: Callable[[], None]
     render: Callable[[int], np.ndarray]
 
@@ -96,7 +98,11 @@ class EnvBackend(Protocol):
     """True when a program traced with one pool's calls can drive another pool (given its handle): then a new
     segment of envs needs no new compile. False for EnvPool, whose XLA call is bound to the pool it came from."""
     has_async: bool
-    """Whether ``make_async`` makes pools (EnvPool) or refuses (ALE)."""
+    """Whether ``make_async`` makes pools (EnvPool) or refuses (ALE, gymnax)."""
+    state_is_data: bool
+    """True when a pool's handle is all of its envs' state, as arrays (gymnax): it is mapped per agent by a plain
+    ``vmap``, saved in checkpoints, and the envs live for the whole run. False for EnvPool and ALE, whose envs live
+    on the host behind the handle: those are made afresh at every segment of a run (``host.trainer``)."""
 
     def spec(self, env_id: str) -> EnvSpec:
         """The spec of ``env_id``; ConfigError (naming the id and what is allowed) for an unknown id or one

@@ -77,7 +77,7 @@ def _spec(env_id: str) -> EnvSpec:
     try:
         shape, actions = env.single_observation_space.shape, env.single_action_space
         assert shape is not None and isinstance(actions, Discrete)  # ALE's frames and its minimal action set
-        return EnvSpec(env_id, tuple(shape), np.dtype(np.uint8), int(actions.n), True)
+        return EnvSpec(env_id, tuple(shape), np.dtype(np.uint8), int(actions.n), "frames")
     finally:
         env.close()
 
@@ -113,7 +113,9 @@ def _env_output(handle: AleHandle, timestep: tuple[Any, ...]) -> tuple[AleHandle
     frames = jnp.where(handle.game_over, 1, jnp.minimum(handle.frames + 1, obs.shape[1]))
     obs = _first_frame_stack(obs, frames)
     raw_reward = reward.astype(jnp.float32)
-    out = EnvOutput(obs, jnp.sign(raw_reward), terminated | truncated, raw_reward, game_over)
+    # ALE resets on the next step (NextStep): the observation that ends an episode is its final one.
+    time_limit = truncated & ~terminated
+    out = EnvOutput(obs, jnp.sign(raw_reward), terminated | truncated, raw_reward, game_over, time_limit, obs)
     return AleHandle(handle.ale, lives, frames, game_over), out
 
 
@@ -134,6 +136,7 @@ class AleBackend:
     name = "ale"
     rebinds = True
     has_async = False
+    state_is_data = False
 
     def spec(self, env_id: str) -> EnvSpec:
         return _spec(env_id)

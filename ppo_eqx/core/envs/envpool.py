@@ -49,13 +49,14 @@ def _spec(env_id: str) -> EnvSpec:
         raise ConfigError(f"env_id={env_id!r} has a continuous action space; allowed: tasks with discrete actions")
     shape, dtype = tuple(observation_space.shape), np.dtype(observation_space.dtype)
     # Atari tasks are those with episodic lives (every ``*-v5`` game).
-    return EnvSpec(env_id, shape, dtype, int(space.n), hasattr(spec.config, "episodic_life"))
+    kind = "frames" if hasattr(spec.config, "episodic_life") else "vector"
+    return EnvSpec(env_id, shape, dtype, int(space.n), kind)
 
 
 def _make(env_id: str, seeds: Sequence[int], **kwargs: Any) -> Any:
     spec = _spec(env_id)
     kwargs.update(env_type="gymnasium", num_envs=len(seeds), seed=int(seeds[0]), env_seed=[int(s) for s in seeds])
-    if spec.is_atari:
+    if spec.kind == "frames":
         kwargs.update(episodic_life=True, reward_clip=True)
     with _quiet_gymnasium():
         pool = envpool.make(env_id, **kwargs)
@@ -65,7 +66,8 @@ def _make(env_id: str, seeds: Sequence[int], **kwargs: Any) -> Any:
 
 
 def _env_output(timestep: tuple[Any, ...], atari: bool) -> EnvOutput:
-    """EnvPool's gymnasium ``(obs, reward, terminated, truncated, info)`` as an EnvOutput."""
+    """EnvPool's gymnasium ``(obs, reward, terminated, truncated, info)`` as an EnvOutput. EnvPool resets an env on
+    the step after its episode ends, so the observation that ends one is its final one."""
     obs, reward, terminated, truncated, info = timestep
     done = jnp.logical_or(terminated, truncated)
     if atari:
@@ -74,7 +76,8 @@ def _env_output(timestep: tuple[Any, ...], atari: bool) -> EnvOutput:
         raw_reward = info["reward"].astype(jnp.float32)
     else:
         game_over, raw_reward = done, reward.astype(jnp.float32)
-    return EnvOutput(obs, reward.astype(jnp.float32), done, raw_reward, game_over)
+    time_limit = jnp.logical_and(truncated, jnp.logical_not(terminated))
+    return EnvOutput(obs, reward.astype(jnp.float32), done, raw_reward, game_over, time_limit, obs)
 
 
 class EnvPoolBackend:
@@ -83,6 +86,7 @@ class EnvPoolBackend:
     name = "envpool"
     rebinds = False
     has_async = True
+    state_is_data = False
 
     def spec(self, env_id: str) -> EnvSpec:
         return _spec(env_id)
@@ -96,7 +100,7 @@ class EnvPoolBackend:
 
         def step(handle: Any, actions: Int[Array, " N"]) -> tuple[Any, EnvOutput]:
             handle, timestep = xla_step(handle, actions)
-            return handle, _env_output(timestep, spec.is_atari)
+            return handle, _env_output(timestep, spec.kind == "frames")
 
         return Pool(spec, jnp.asarray(handle), step, first_obs, pool.close, lambda i: pool.render(env_ids=i)[0])
 
@@ -109,7 +113,7 @@ class EnvPoolBackend:
 
         def recv(handle: Any) -> tuple[Any, Int[Array, " R"], EnvOutput]:
             handle, timestep = xla_recv(handle)
-            return handle, timestep[-1]["env_id"].astype(jnp.int32), _env_output(timestep, spec.is_atari)
+            return handle, timestep[-1]["env_id"].astype(jnp.int32), _env_output(timestep, spec.kind == "frames")
 
         def send(handle: Any, env_ids: Int[Array, " R"], actions: Int[Array, " R"]) -> Any:
             return xla_send(handle, actions, env_ids)

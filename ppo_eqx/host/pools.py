@@ -1,0 +1,51 @@
+"""The envs of a run: the seeds of a pool's envs (``pool_env_seeds``), which of them this process steps
+(``EnvShare``), and a pool with the collector that fits it (``make_collector``)."""
+
+from typing import NamedTuple
+
+from ..config import PPOConfig
+from ..core.collect import Collector, async_collector, jax_env_collector, sync_collector
+from ..core.envs import AsyncPool, EnvBackend, Pool, segment_env_seeds
+
+
+class EnvShare(NamedTuple):
+    """Which envs of the run this process steps: ``count`` from ``first`` (all of them when ``count`` is None);
+    ``total`` is the run's number when it is more (see ``rollout``'s ``total_envs``)."""
+
+    first: int = 0
+    count: int | None = None
+    total: int | None = None
+
+
+def pool_env_seeds(config: PPOConfig, iteration: int) -> list[int]:
+    """Seeds of the ``num_agents * num_envs`` envs of one pool that play from ``iteration`` on: agent k's
+    ``num_envs`` envs come k-th, with the seeds that its single run (``config.agent_configs()[k]``) gives them."""
+    return [s for agent in config.agent_configs() for s in segment_env_seeds(agent.seed, iteration, config.num_envs)]
+
+
+def make_collector(
+    env_backend: EnvBackend, config: PPOConfig, seeds: list[int], share: EnvShare
+) -> tuple[Pool | AsyncPool, Collector]:
+    """A pool of ``seeds`` envs and its collector: EnvPool's async one when ``config.async_batch_size`` > 0,
+    ``jax_env_collector`` where the backend's env state is data, else ``sync_collector``."""
+    if config.async_batch_size:
+        pool = env_backend.make_async(config.env_id, seeds, config.async_batch_size)
+        return pool, async_collector(pool, num_steps=config.num_steps)
+    pool = env_backend.make(config.env_id, seeds)
+    if env_backend.state_is_data:
+        collector = jax_env_collector(
+            pool,
+            num_steps=config.num_steps,
+            num_agents=config.num_agents,
+            bootstrap_truncated=config.bootstrap_truncated,
+        )
+        return pool, collector
+    collector = sync_collector(
+        pool,
+        num_steps=config.num_steps,
+        num_agents=config.num_agents,
+        first_env=share.first,
+        total_envs=share.total,
+        bootstrap_truncated=config.bootstrap_truncated,
+    )
+    return pool, collector
