@@ -109,32 +109,43 @@ def test_an_async_trainer_primes_each_segment_of_cartpole_envs():
     assert 8 <= length - 1 <= episode_return <= length <= 501
 
 
-class _SleepingTrainer(Trainer):
-    """Iterations that take ``seconds`` each inside ``step()`` (a backend that runs them within the dispatch, as
-    XLA:CPU does with EnvPool's step), with ready metrics; no envs, no model."""
+class _Clock:
+    """A stand-in for ``time.perf_counter`` that moves only when told: timing tests that a loaded machine cannot
+    upset."""
 
-    def __init__(self, seconds: float, iterations: int):  # not super().__init__(): that would make envs
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _SleepingTrainer(Trainer):
+    """Iterations that take ``seconds`` of ``clock`` each inside ``step()`` (a backend that runs them within the
+    dispatch, as XLA:CPU does with EnvPool's step), with ready metrics; no envs, no model."""
+
+    def __init__(self, seconds: float, iterations: int, clock: _Clock):  # not super().__init__(): no envs
         self.config = PPOConfig(env_id="CartPole-v1", num_envs=4, num_steps=128, total_timesteps=512 * iterations)
-        self.iteration, self.seconds = 0, seconds
+        self.iteration, self.seconds, self.clock = 0, seconds, clock
         self.metrics = {"loss": jax.numpy.float32(0.5), "finite": jax.numpy.asarray(True)}
 
     def dispatch(self, until=None):
-        import time
-
         from ppo_eqx.host.trainer import Dispatch
 
-        time.sleep(self.seconds)
+        self.clock.now += self.seconds
         self.iteration += 1
         return Dispatch(self.iteration, 1, dict(self.metrics), False)
 
 
-def test_each_record_times_its_own_iteration_when_the_dispatch_runs_it():
-    from ppo_eqx.host.loop import run_seeds
+def test_each_record_times_its_own_iteration_when_the_dispatch_runs_it(monkeypatch: pytest.MonkeyPatch):
+    from ppo_eqx.host import loop
 
-    trainer = _SleepingTrainer(seconds=0.05, iterations=5)
-    records = [records[0] for records in run_seeds(trainer)]
+    clock = _Clock()
+    monkeypatch.setattr(loop, "time", clock)
+    trainer = _SleepingTrainer(seconds=0.05, iterations=5, clock=clock)
+    records = [records[0] for records in loop.run_seeds(trainer)]
     assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5]
-    # 512 steps in 0.05 s each: about 10,240 steps/s, the first and the last too (not twice as long, not ~0).
+    # 512 steps in 0.05 s each: 10,240 steps/s, the first and the last too (not twice as long, not ~0).
     for record in records:
-        assert 0.7 * 10_240 < record["sps"] < 1.05 * 10_240, record
-    assert records[-1]["time_elapsed"] == pytest.approx(0.25, rel=0.3)
+        assert record["sps"] == pytest.approx(10_240), record
+    assert records[-1]["time_elapsed"] == pytest.approx(0.25)
