@@ -200,15 +200,18 @@ def test_non_finite_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tm
     assert not (run_dir / "summary.json").exists()
 
 
-def test_sigint_checkpoints_and_says_how_to_resume(finished_run, tmp_path, capsys, monkeypatch):
-    real_step = train_module.Trainer.step
+def test_sigint_checkpoints_and_says_how_to_resume(finished_run, tmp_path, capsys, monkeypatch, request):
+    # Python's own handler, however pytest was started (a background job starts with SIGINT ignored).
+    started_with = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, started_with))
+    real_dispatch = train_module.Trainer.dispatch
 
-    def interrupted_during_iteration_3(self):
+    def interrupted_during_iteration_3(self, until=None):
         if int(self.state.iteration) == 2:
             os.kill(os.getpid(), signal.SIGINT)
-        return real_step(self)
+        return real_dispatch(self, until)
 
-    monkeypatch.setattr(train_module.Trainer, "step", interrupted_during_iteration_3)
+    monkeypatch.setattr(train_module.Trainer, "dispatch", interrupted_during_iteration_3)
     run_dir = tmp_path / "run"
     capsys.readouterr()
     assert train(run_dir) == 130

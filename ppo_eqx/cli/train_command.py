@@ -19,7 +19,7 @@ from ..errors import RunDirError, RunError, UsageError
 from ..host.checkpoint import load_checkpoint
 from ..host.mesh import any_process, check_mesh_config
 from ..host.ownership import Manifest, RunLock, adopt_legacy_run, clear_run, read_manifest, refuse_if_held
-from ..host.rundir import SEEDS_CONFIG, claim_new_dir, holds_run, make_dirs, write_json
+from ..host.rundir import SEEDS_CONFIG, claim_new_dir, free_name, holds_run, make_dirs, write_json
 from .checks import check_addresses, check_wandb_names, conv_route, require
 from .environment import XlaFlagsProbe, check_backend
 from .interrupts import EARLY
@@ -69,8 +69,12 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
     plan = plan_resume(args) if args.resume is not None else plan_new(args)
     one_process = not (args.distributed or args.coordinator_address)
     if plan.resume is None and one_process:  # several: process 0 checks once all have joined (below)
-        refuse_if_held(plan.run_dir)  # a run that started meanwhile is named, not just found
-        check_run_dirs(plan, args.overwrite)
+        if args.run_dir is not None:
+            refuse_if_held(plan.run_dir)  # a run that started meanwhile is named, not just found
+        # A default name is claimed fresh (_take_run_dir): a run that took it meanwhile is no reason to refuse.
+        check_run_dirs(
+            plan if args.run_dir is not None else plan._replace(run_dir=free_name(plan.run_dir)), args.overwrite
+        )
     if _finished(plan):  # nothing to take: the lock file is left as it is too
         return 0
     lock = None

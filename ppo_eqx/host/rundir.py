@@ -158,13 +158,22 @@ def truncate_metrics(path: Path, last_iteration: int) -> int:
     return len(kept)
 
 
+def free_name(base: Path) -> Path:
+    """The first of ``base``, ``base__2``, ``base__3``, ... that does not exist now (``claim_new_dir`` takes one)."""
+    return next(path for n in itertools.count(1) if not (path := _numbered(base, n)).exists())
+
+
+def _numbered(base: Path, n: int) -> Path:
+    return base if n == 1 else base.with_name(f"{base.name}__{n}")
+
+
 def claim_new_dir(base: Path) -> Path:
     """Create ``base`` as a new, empty directory (its parents as needed), or if it exists the first of
     ``base__2``, ``base__3``, ... that does not: ``mkdir`` is atomic, so two runs started at once get two."""
     try:
         base.parent.mkdir(parents=True, exist_ok=True)
         for n in itertools.count(1):
-            path = base if n == 1 else base.with_name(f"{base.name}__{n}")
+            path = _numbered(base, n)
             try:
                 path.mkdir()
                 return path

@@ -56,7 +56,11 @@ def test_sweep_resumes_only_the_killed_run_then_reports(tmp_path: Path) -> None:
 
     breakout_summary = (breakout / "summary.json").read_bytes()
     breakout_mtime = (breakout / "summary.json").stat().st_mtime_ns
-    (pong / "summary.json").unlink()  # as if Pong had been killed before its end
+    # As if Pong had been killed before its end, and before its only checkpoint (the last iteration's): with no
+    # checkpoint to go on from, it starts again with --overwrite.
+    (pong / "summary.json").unlink()
+    for path in (pong / "checkpoints").iterdir():
+        path.unlink()
 
     dry = run_script(*runner[:1], "--dry-run", *runner[1:])
     assert dry.returncode == 0
