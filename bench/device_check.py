@@ -23,7 +23,10 @@ jax/CUDA initialisation; the JSON records what each part took (``seconds``):
   route: setup (envs and tracing), compile time, env steps/s of the timed iterations after warm-up, the median
   iteration, peak device memory (``peak_bytes_in_use``; None where the backend keeps no statistics, as the
   CPU), peak RSS, and the projected minutes for 10M steps (``(1e7 / steps_per_s + compile_s) / 60``).
-- ``seeds_4``, ``seeds_8`` (about 60 s each): the same with ``--num-seeds`` 4 and 8 (one pool of S x 8 envs);
+- ``gymnax_cartpole_1``, ``gymnax_cartpole_64`` (about 30 s each, where gymnax is installed): the env in the
+  program (``--env-backend gymnax``): CartPole-v1 with its preset (CleanRL's ppo.py, 499,712 steps an agent) for
+  1 and 64 seeds, the whole run as one program; compile and run seconds apart, and the final return.
+- ``seeds_4``, ``seeds_8`` (about 60 s each): the train parts' configuration with ``--num-seeds`` 4 and 8 (one pool of S x 8 envs);
   steps/s of all agents together and per agent; the projection is for every agent to reach 10M steps.
 - ``async`` (about 45 s): EnvPool's async pool at CleanRL's batch size (16 envs, 8 per receive, 128 steps).
 
@@ -35,6 +38,7 @@ after every part has run, on the CPU, to print the table.
 """
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -66,6 +70,9 @@ class Settings:
     seeds_iterations: int = 10
     async_num_envs: int = 16  # 8 per receive x 128 steps: CleanRL's batch of 1024
     async_batch_size: int = 8
+    gymnax_env_id: str = "CartPole-v1"
+    gymnax_seeds: tuple[int, ...] = (1, 64)
+    gymnax_timesteps: int = 500_000  # an agent's; the preset's for CartPole-v1
     budget_s: float = 450.0
 
 
@@ -85,6 +92,8 @@ QUICK = Settings(
     seeds_iterations=2,
     async_num_envs=4,
     async_batch_size=2,
+    gymnax_seeds=(1, 4),
+    gymnax_timesteps=4 * 512,
     budget_s=360.0,
 )
 
@@ -191,6 +200,53 @@ def train_part(settings: Settings, *, conv_impl: str, num_seeds: int = 1, async_
     }
 
 
+def gymnax_part(settings: Settings, *, num_seeds: int) -> dict[str, Any]:
+    """The env in the program: ``settings.gymnax_env_id`` with its preset, the whole run as one dispatch."""
+    import jax
+    import numpy as np
+    from _common import device_memory_mib, peak_rss_mib
+
+    from ppo_eqx import PPOConfig, Trainer
+    from ppo_eqx.config import preset_for
+    from ppo_eqx.core.envs import backend
+
+    gymnax = backend("gymnax")
+    values = preset_for(gymnax.spec(settings.gymnax_env_id).kind, state_is_data=True)
+    config = PPOConfig(
+        **{**values, "total_timesteps": settings.gymnax_timesteps},
+        env_backend="gymnax",
+        env_id=settings.gymnax_env_id,
+        num_seeds=num_seeds,
+    )
+    config = replace(config, iterations_per_dispatch=config.num_iterations, checkpoint_every=config.num_iterations)
+    start = time.perf_counter()
+    with Trainer(config.validate()) as trainer:
+        setup_s = time.perf_counter() - start
+        compile_s = trainer.compile()
+        start = time.perf_counter()
+        metrics = jax.block_until_ready(trainer.step())
+        run_s = time.perf_counter() - start
+    returns = np.asarray(metrics["episodic_return"]).reshape(config.num_iterations, -1)[-1]  # each agent's last
+    steps = num_seeds * config.batch_size * config.num_iterations
+    return {
+        "env_id": config.env_id,
+        "env_backend": "gymnax",
+        "num_envs": config.num_envs,
+        "num_steps": config.num_steps,
+        "num_seeds": num_seeds,
+        "iterations": config.num_iterations,
+        "setup_s": setup_s,
+        "compile_s": compile_s,
+        "run_s": run_s,
+        "wall_s": compile_s + run_s,
+        "env_steps_per_s": steps / run_s,
+        "env_steps_per_s_per_agent": steps / run_s / num_seeds,
+        "final_return_mean": float(np.nanmean(returns)),
+        "device_peak_mib": device_memory_mib(),
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
 def run_part(kind: str, settings: Settings, options: dict[str, Any]) -> Any:
     if kind == "environment":
         return environment_part(settings)
@@ -198,6 +254,8 @@ def run_part(kind: str, settings: Settings, options: dict[str, Any]) -> Any:
         return env_only_part(settings)
     if kind == "train":
         return train_part(settings, **options)
+    if kind == "gymnax":
+        return gymnax_part(settings, **options)
     raise ValueError(f"unknown part {kind!r}")
 
 
@@ -211,6 +269,9 @@ def measurement_parts(settings: Settings, environment: dict[str, Any]) -> list[t
         routes.append("kernel")  # the CPU kernel exists on the CPU only, and only where it builds
     parts: list[tuple[str, str, dict[str, Any]]] = [("env_only", "env_only", {})]
     parts += [(f"train_{route}", "train", {"conv_impl": route}) for route in routes]
+    if importlib.util.find_spec("gymnax") is not None:
+        name = settings.gymnax_env_id.split("-")[0].lower()
+        parts += [(f"gymnax_{name}_{s}", "gymnax", {"num_seeds": s}) for s in settings.gymnax_seeds]
     # The seeds and the async pool run with what "auto" picks here (the route a user gets).
     auto = environment.get("auto_conv_impl", "xla")
     parts += [(f"seeds_{s}", "train", {"conv_impl": auto, "num_seeds": s}) for s in settings.seeds]
