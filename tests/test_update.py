@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from ppo_eqx import ActorCritic, AgentHyperparameters, Batch, PPOConfig, make_optimizer, model_loss, update
+from ppo_eqx.core.checks import check_actions
 from ppo_eqx.core.update import current_learning_rate, learning_rate_schedule, minibatch_indices
 
 pytestmark = pytest.mark.unit
@@ -139,3 +140,13 @@ def test_a_partly_unrolled_scan_gives_the_same_update():
     ):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(plain_info.loss, unrolled_info.loss, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.unit
+def test_actions_closed_over_in_a_jitted_function_are_checked_on_the_host():
+    # A concrete array captured by a jitted function: a jax method on it there would be staged (a tracer), so
+    # the check reads it with NumPy, and still names an action out of range.
+    good, bad = jnp.asarray([0, 1, 1]), jnp.asarray([0, 1, 5])
+    assert jax.jit(lambda x: (check_actions(good, 2, "f"), x)[1])(1.0) == 1.0
+    with pytest.raises(ValueError, match="holds 5; allowed: 0 .. 1"):
+        jax.jit(lambda x: (check_actions(bad, 2, "f"), x)[1])(1.0)

@@ -57,7 +57,9 @@ def check_actions(actions: Any, num_actions: int, where: str, argument: str = "a
     under ``jit`` nothing is checked (an action out of range gives a NaN log-probability there)."""
     if not is_concrete(actions) or np.size(actions) == 0:
         return
-    low, high = int(np.min(actions)), int(np.max(actions))
+    # On the host: a jax method on a concrete array inside a jit trace (a closed-over batch) would be staged.
+    values = np.asarray(actions)
+    low, high = int(values.min()), int(values.max())
     if low < 0 or high >= num_actions:
         bad = low if low < 0 else high
         raise ValueError(f"{where}: {argument} holds {bad}; allowed: 0 .. {num_actions - 1} (the model's actions)")
