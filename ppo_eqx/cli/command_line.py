@@ -18,7 +18,7 @@ from ..config import FIELD_CHOICES, FIELD_TYPES, INT32_MAX, NOT_SWEEPABLE, SWEEP
 from ..errors import ConfigError, RunDirError, RunError, UsageError
 from ..host.ownership import refuse_if_held
 from ..host.rundir import path_problem
-from .environment import XlaFlagsProbe
+from .environment import XlaFlagsProbe, restore_xla_flags, schedule_small_programs
 
 
 class _Parser(argparse.ArgumentParser):
@@ -209,12 +209,13 @@ def _refuse_a_held_run_dir(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    probe = None
+    probe, saved_flags = None, None
     try:
         args = build_parser().parse_args(argv)
         if args.command == "train":
             _refuse_a_held_run_dir(args)
         probe = XlaFlagsProbe()  # while the command imports jax
+        saved_flags = schedule_small_programs(args)  # after the probe: it adds a flag XLA is known to take
         if args.command == "train":
             from .train_command import train_command
 
@@ -238,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if probe is not None:
             probe.close()
+        restore_xla_flags(saved_flags)
 
 
 MAX_WORD = 200

@@ -1,0 +1,77 @@
+"""``ppo-eqx train`` of one or two agents on a gymnax vector task schedules XLA:CPU's ops for sequence
+(``cli.environment.schedule_small_programs``): which runs get the flag, that a user's own flags win, and that
+``XLA_FLAGS`` is put back as it was."""
+
+import argparse
+
+import pytest
+
+from ppo_eqx.cli import environment
+from ppo_eqx.cli.command_line import build_parser
+from ppo_eqx.cli.environment import SEQUENTIAL_SCHEDULER, restore_xla_flags, schedule_small_programs
+
+pytestmark = pytest.mark.unit
+
+
+def train_args(*flags: str) -> argparse.Namespace:
+    return build_parser().parse_args(["train", *flags])
+
+
+@pytest.fixture
+def no_backend(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """As in a fresh ``ppo-eqx`` process: jax has made no backend, XLA_FLAGS unset."""
+    monkeypatch.setattr(environment, "_backend_started", lambda: False)
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    return monkeypatch
+
+
+GYMNAX_CARTPOLE = ("--env-backend", "gymnax", "--env-id", "CartPole-v1")
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [GYMNAX_CARTPOLE, (*GYMNAX_CARTPOLE, "--num-seeds", "2"), ("--env-backend", "gymnax", "--env-id", "Acrobot-v1")],
+)
+def test_one_or_two_small_agents_get_the_sequential_scheduler_until_the_command_ends(no_backend, flags):
+    saved = schedule_small_programs(train_args(*flags))
+    assert environment.os.environ["XLA_FLAGS"] == SEQUENTIAL_SCHEDULER
+    restore_xla_flags(saved)
+    assert "XLA_FLAGS" not in environment.os.environ
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        (*GYMNAX_CARTPOLE, "--num-seeds", "4"),
+        (*GYMNAX_CARTPOLE, "--sweep", "learning_rate=1e-4,3e-4"),  # 2 settings x 1 seed: still small
+        ("--env-backend", "gymnax", "--env-id", "Breakout-MinAtar"),
+        ("--env-id", "CartPole-v1"),  # EnvPool's: its envs step on the host
+        ("--env-id", "Breakout-v5"),
+        ("--resume", "runs/some_run"),
+    ],
+)
+def test_other_runs_keep_xla_defaults(no_backend, flags):
+    args = train_args(*flags)
+    saved = schedule_small_programs(args)
+    swept_small = args.sweep is not None and args.num_seeds is None
+    assert ("XLA_FLAGS" in environment.os.environ) == swept_small
+    restore_xla_flags(saved)
+    assert "XLA_FLAGS" not in environment.os.environ
+
+
+def test_a_users_flags_are_kept_and_their_scheduler_choice_wins(no_backend):
+    no_backend.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")
+    saved = schedule_small_programs(train_args(*GYMNAX_CARTPOLE))
+    assert environment.os.environ["XLA_FLAGS"] == f"--xla_cpu_max_isa=AVX2 {SEQUENTIAL_SCHEDULER}"
+    restore_xla_flags(saved)
+    assert environment.os.environ["XLA_FLAGS"] == "--xla_cpu_max_isa=AVX2"
+    no_backend.setenv("XLA_FLAGS", "--xla_cpu_enable_concurrency_optimized_scheduler=true")
+    assert schedule_small_programs(train_args(*GYMNAX_CARTPOLE)) is None
+    assert environment.os.environ["XLA_FLAGS"] == "--xla_cpu_enable_concurrency_optimized_scheduler=true"
+
+
+def test_nothing_changes_once_jax_has_a_backend(monkeypatch):
+    monkeypatch.setattr(environment, "_backend_started", lambda: True)
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    assert schedule_small_programs(train_args(*GYMNAX_CARTPOLE)) is None
+    assert "XLA_FLAGS" not in environment.os.environ
