@@ -26,8 +26,9 @@ jax/CUDA initialisation; the JSON records what each part took (``seconds``):
 - ``gymnax_cartpole_1``, ``gymnax_cartpole_64`` (about 30 s each, where gymnax is installed): the env in the
   program (``--env-backend gymnax``): CartPole-v1 with its preset (CleanRL's ppo.py, 499,712 steps an agent) for
   1 and 64 seeds, the whole run as one program; compile and run seconds apart, and the final return.
-- ``seeds_4``, ``seeds_8`` (about 60 s each): the train parts' configuration with ``--num-seeds`` 4 and 8 (one pool of S x 8 envs);
-  steps/s of all agents together and per agent; the projection is for every agent to reach 10M steps.
+- ``seeds_4``, ``seeds_8`` (about 60 s each): the train parts' configuration with ``--num-seeds`` 4 and 8 (one
+  pool of S x 8 envs); steps/s of all agents together and per agent; the projection is for every agent to reach
+  10M steps.
 - ``async`` (about 45 s): EnvPool's async pool at CleanRL's batch size (16 envs, 8 per receive, 128 steps).
 
 A global budget (``--budget-s``: 450 s; 360 s with ``--quick``, for a loaded CPU) bounds the whole run: each

@@ -10,8 +10,9 @@ import pytest
 
 import ppo_eqx.host.rundir as rundir
 from ppo_eqx import ActorCritic, Checkpoint, CheckpointError, PPOConfig
-from ppo_eqx.core import cpu_kernel
 from ppo_eqx.config import preset_for
+from ppo_eqx.core import cpu_kernel
+from ppo_eqx.core._types import ObsKind
 from ppo_eqx.core.envs import EnvSpec, env_spec, segment_env_seeds
 from ppo_eqx.host.checkpoint import (
     check_same_run,
@@ -208,7 +209,7 @@ def test_segment_seeds_depend_on_seed_and_iteration_only():
     assert segment_env_seeds(1, 50, 16)[:8] == seeds
 
 
-def _init_one_agent(kind: str, shape: tuple[int, ...], num_actions: int) -> Checkpoint:
+def _init_one_agent(kind: ObsKind, shape: tuple[int, ...], num_actions: int) -> Checkpoint:
     config = PPOConfig(**preset_for(kind)).validate()
     spec = EnvSpec("Test-v0", shape, np.dtype(np.uint8 if kind == "frames" else np.float32), num_actions, kind)
     return fresh_agents(config, spec, conv_impl="matmul" if kind == "frames" else "xla")
