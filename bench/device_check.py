@@ -11,8 +11,9 @@ and on a CPU, to check that the script itself works (a minute or two; ``tests/te
 
 Parts, in this order, each in a fresh process (so a crash or a hang of one, e.g. EnvPool's async pool, is
 recorded as an error string in its row and the next part runs; and each part's peak memory is its own). The
-times are estimates for one H200 (not yet measured there), each including about 5-10 s of process start and
-jax/CUDA initialisation; the JSON records what each part took (``seconds``):
+times are for one H200 (measured there on 2026-12-04: 240 s in all, ``bench/results/device_check_h200.json``),
+each including about 5-10 s of process start and jax/CUDA initialisation; the JSON records what each part took
+(``seconds``):
 
 - ``environment`` (about 15 s): hardware, versions, backend, devices, the float32 matmul rate, what
   ``--conv-impl auto`` picks here, the device's memory limit.
