@@ -5,18 +5,14 @@ import json
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import ppo_eqx.host.rundir as rundir
 from ppo_eqx import ActorCritic, Checkpoint, CheckpointError, PPOConfig
-from ppo_eqx.config import preset_for
 from ppo_eqx.core import cpu_kernel
-from ppo_eqx.core._types import ObsKind
-from ppo_eqx.core.envs import EnvSpec, env_spec, segment_env_seeds
+from ppo_eqx.core.envs import env_spec, segment_env_seeds
 from ppo_eqx.host.checkpoint import (
     check_same_run,
-    fresh_agents,
     init_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -207,34 +203,3 @@ def test_segment_seeds_depend_on_seed_and_iteration_only():
     assert seeds != segment_env_seeds(1, 100, 8) and seeds != segment_env_seeds(2, 50, 8)
     # The first envs of a bigger pool are seeded as the smaller pool's: seeds are drawn per env in order.
     assert segment_env_seeds(1, 50, 16)[:8] == seeds
-
-
-def _init_one_agent(kind: ObsKind, shape: tuple[int, ...], num_actions: int) -> Checkpoint:
-    config = PPOConfig(**preset_for(kind)).validate()
-    spec = EnvSpec("Test-v0", shape, np.dtype(np.uint8 if kind == "frames" else np.float32), num_actions, kind)
-    return fresh_agents(config, spec, conv_impl="matmul" if kind == "frames" else "xla")
-
-
-def _same_bits(a: Checkpoint, b: Checkpoint) -> bool:
-    a_leaves, b_leaves = jax.tree.leaves(eqx.filter(a, eqx.is_array)), jax.tree.leaves(eqx.filter(b, eqx.is_array))
-    return len(a_leaves) == len(b_leaves) and all(
-        x.dtype == y.dtype and x.shape == y.shape and np.array_equal(np.asarray(x), np.asarray(y), equal_nan=True)
-        for x, y in zip(a_leaves, b_leaves, strict=True)
-    )
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize(("kind", "shape", "num_actions"), [("vector", (4,), 2), ("grid", (10, 10, 4), 6)])
-def test_one_agent_is_initialised_by_one_program_with_the_bits_of_op_by_op(kind, shape, num_actions):
-    compiled = _init_one_agent(kind, shape, num_actions)
-    with jax.disable_jit():  # every op on its own, as before the initialisation was one program
-        op_by_op = _init_one_agent(kind, shape, num_actions)
-    assert _same_bits(compiled, op_by_op)
-
-
-@pytest.mark.compile
-def test_an_atari_agent_is_initialised_by_one_program_with_the_bits_of_op_by_op():
-    compiled = _init_one_agent("frames", (4, 84, 84), 4)
-    with jax.disable_jit():
-        op_by_op = _init_one_agent("frames", (4, 84, 84), 4)
-    assert _same_bits(compiled, op_by_op)

@@ -70,11 +70,8 @@ def init_agents(
         opt_state = make_optimizer(agent, sizes).init(eqx.filter(model, eqx.is_array))
         return model, opt_state, key, init_episode_stats(num_envs)
 
-    # One agent: one compiled program. Run op by op, its initialisation (orthogonal matrices by QR decompositions)
-    # dispatches and compiles hundreds of small ops: 1.7 s of CartPole's 6 s run, 1.2 s as a program, the same
-    # bits. Several agents stay op by op: their vmapped QR decompositions, jitted, once hung in XLA:CPU.
     if sizes.num_agents == 1:
-        model, opt_state, key, stats = eqx.filter_jit(init)(jnp.asarray(seeds, jnp.int32), hyperparameters)
+        model, opt_state, key, stats = init(seeds, hyperparameters)
     else:
         init_agent = eqx.filter_vmap(init, in_axes=(0, hyperparameters.axes()))
         model, opt_state, key, stats = init_agent(seeds, hyperparameters)
