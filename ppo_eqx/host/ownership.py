@@ -41,6 +41,20 @@ HOLDER_WAIT_S = 2.0
 """How long a refused process waits for the holder to write who it is (it locks first, then writes)."""
 
 
+def _gone(holder: dict) -> bool:
+    """Whether ``holder`` names a process of this host that no longer exists: an earlier holder's record, which
+    the new holder (it locks first, then writes) has not yet replaced."""
+    if holder["host"] != socket.gethostname():
+        return False
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def _holder(fd: int) -> str:
     """Who holds the lock whose file is open as ``fd``, in words, from what the holder wrote there."""
     deadline = time.monotonic() + HOLDER_WAIT_S
@@ -48,11 +62,12 @@ def _holder(fd: int) -> str:
         text = os.pread(fd, 4096, 0).decode(errors="replace")
         try:
             holder = json.loads(text)
-            return f"pid {holder['pid']} on host {holder['host']} ({holder['command']} since {holder['since']})"
+            if not _gone(holder) or time.monotonic() > deadline:
+                return f"pid {holder['pid']} on host {holder['host']} ({holder['command']} since {holder['since']})"
         except (ValueError, KeyError, TypeError):
             if time.monotonic() > deadline:
                 return "another process (it wrote no name in its lock file)"
-            time.sleep(0.02)
+        time.sleep(0.02)
 
 
 class RunLock:
