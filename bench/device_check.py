@@ -94,7 +94,7 @@ QUICK = Settings(
     seeds_iterations=2,
     async_num_envs=4,
     async_batch_size=2,
-    gymnax_seeds=(1, 4),
+    gymnax_seeds=(2,),  # one part: the quick run checks that it works, and CI runs it
     gymnax_timesteps=4 * 512,
     budget_s=360.0,
 )
