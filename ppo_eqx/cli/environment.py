@@ -114,7 +114,7 @@ SMALL_PROGRAM_AGENTS = 2
 def schedule_small_programs(args: Any) -> str | None:
     """For ``ppo-eqx train`` of one or two agents on a gymnax vector task (its whole run compiled as programs of
     microsecond ops), add ``SEQUENTIAL_SCHEDULER`` to ``XLA_FLAGS`` before jax makes its backend; returns the
-    ``XLA_FLAGS`` to put back once the backend is made (None: nothing was changed).
+    ``XLA_FLAGS`` to put back when the command ends (``restore_xla_flags``; None: nothing was changed).
 
     XLA:CPU's concurrency-optimised scheduler spreads independent ops (the actor's and the critic's) over the
     threads; for ops this small the hand-offs cost more than they overlap. On a 2-core Xeon CartPole-v1's 500k
@@ -124,7 +124,7 @@ def schedule_small_programs(args: Any) -> str | None:
     resumed run (its flags are in its run directory, not here) keeps XLA's default.
     """
     flags = os.environ.get("XLA_FLAGS")
-    if getattr(args, "command", None) != "train" or getattr(args, "resume", None) is not None or _backend_started():
+    if args.command != "train" or args.resume is not None or _backend_started():
         return None
     if args.env_backend != "gymnax" or args.env_id not in SMALL_JAX_ENVS:
         return None

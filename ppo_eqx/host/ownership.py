@@ -50,8 +50,8 @@ def _gone(holder: dict) -> bool:
         os.kill(int(holder["pid"]), 0)
     except ProcessLookupError:
         return True
-    except (OSError, ValueError):
-        return False
+    except (OSError, ValueError):  # alive but not ours to signal, or no pid: not known to be gone
+        pass
     return False
 
 
