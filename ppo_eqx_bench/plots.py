@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
@@ -261,11 +262,14 @@ def _caption(data: dict[str, Any]) -> str:
 def learning_curve_figure(data: dict[str, Any]) -> Figure:
     """The figure of ``bench/learning_curve.py``'s data (its ``curve_data``): each seed's per-iteration returns
     faint, their moving average solid, random play's score dashed."""
-    figure = Figure(figsize=(8.0, 5.2), layout="constrained")
+    many = len(data["seeds"]) > len(COLORS)
+    figure = Figure(figsize=(9.0 if many else 8.0, 5.2), layout="constrained")
     ax = figure.subplots()
     window = data["moving_average_iterations"]
+    # More seeds than COLORS: a colour of its own for each from a sequential map, and the legend beside the axes.
+    colors = [colormaps["viridis"](x) for x in np.linspace(0.0, 0.9, len(data["seeds"]))] if many else COLORS
     for index, seed in enumerate(data["seeds"]):
-        color = COLORS[index % len(COLORS)]
+        color = colors[index]
         steps = np.asarray(seed["global_step"], dtype=np.float64) / 1e6
         returns = np.array([np.nan if v is None else v for v in seed["episodic_return"]], dtype=np.float64)
         finite = np.isfinite(returns)
@@ -311,6 +315,22 @@ def learning_curve_figure(data: dict[str, Any]) -> Figure:
     ax.set_xlabel("environment steps per agent (millions)")
     ax.set_ylabel("episodic return")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="upper left")
+    if many:  # the seeds beside the axes, the rest inside where the curves are low
+        handles, labels = ax.get_legend_handles_labels()
+        is_seed = [label.startswith("seed ") for label in labels]
+        figure.legend(
+            [h for h, seed in zip(handles, is_seed, strict=True) if seed],
+            [label for label, seed in zip(labels, is_seed, strict=True) if seed],
+            loc="outside right upper",
+            fontsize="x-small",
+        )
+        ax.legend(
+            [h for h, seed in zip(handles, is_seed, strict=True) if not seed],
+            [label for label, seed in zip(labels, is_seed, strict=True) if not seed],
+            fontsize="x-small",
+            loc="lower right",
+        )
+    else:
+        ax.legend(fontsize="small", loc="upper left")
     figure.supxlabel(_caption(data), fontsize="small")
     return figure

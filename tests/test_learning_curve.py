@@ -245,3 +245,28 @@ def test_a_failed_training_exits_non_zero_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("learning_curve.py: training failed (exit ")
     assert not list(tmp_path.glob("lc*"))
+
+
+def test_many_seeds_get_colours_of_their_own_and_a_legend_beside_the_curves(lc: ModuleType, tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "Breakout-MinAtar")
+    assert lc.main(["--plot-only", "--run-dir", str(run_dir), "--out", str(tmp_path / "lc")]) == 0
+    data = no_nan((tmp_path / "lc.json").read_text())
+    data["seeds"] = [{**data["seeds"][i % 2], "seed": 5 + i} for i in range(16)]
+    figure = learning_curve_figure(data)
+    ax = figure.axes[0]
+    seed_lines = [line for line in ax.get_lines() if str(line.get_label()).startswith("seed ")]
+    assert [line.get_label() for line in seed_lines] == [f"seed {5 + i}" for i in range(16)]
+    assert len({line.get_color() for line in seed_lines}) == 16
+    assert [text.get_text() for text in figure.legends[0].get_texts()] == [f"seed {5 + i}" for i in range(16)]
+    inside = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert inside and not any(text.startswith("seed ") for text in inside)  # the published line, dots, lines
+    figure.savefig(tmp_path / "many.png")
+    legend_box = figure.legends[0].get_window_extent()
+    assert legend_box.x0 >= ax.get_window_extent().x1 - 1  # no overlap with the curves
+
+
+def test_a_few_seeds_keep_the_legend_in_the_axes(lc: ModuleType, tmp_path: Path) -> None:
+    run_dir = make_run(tmp_path, "Breakout-MinAtar")
+    assert lc.main(["--plot-only", "--run-dir", str(run_dir), "--out", str(tmp_path / "lc")]) == 0
+    figure = learning_curve_figure(no_nan((tmp_path / "lc.json").read_text()))
+    assert figure.axes[0].get_legend() is not None and not figure.legends
