@@ -209,16 +209,9 @@ def gymnax_part(settings: Settings, *, num_seeds: int) -> dict[str, Any]:
     from _common import device_memory_mib, peak_rss_mib
 
     from ppo_eqx import PPOConfig, Trainer
-    from ppo_eqx.config import preset_for
-    from ppo_eqx.core.envs import backend
 
-    gymnax = backend("gymnax")
-    values = preset_for(gymnax.spec(settings.gymnax_env_id).kind, state_is_data=True)
-    config = PPOConfig(
-        **{**values, "total_timesteps": settings.gymnax_timesteps},
-        env_backend="gymnax",
-        env_id=settings.gymnax_env_id,
-        num_seeds=num_seeds,
+    config = PPOConfig.for_task(
+        settings.gymnax_env_id, "gymnax", total_timesteps=settings.gymnax_timesteps, num_seeds=num_seeds
     )
     config = replace(config, iterations_per_dispatch=config.num_iterations, checkpoint_every=config.num_iterations)
     start = time.perf_counter()

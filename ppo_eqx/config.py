@@ -211,6 +211,20 @@ class PPOConfig(Hyperparameters):
             raise ConfigError(f"config={_show(values)} is not a set of fields ({error}); allowed: a dict") from error
         return config.validate()
 
+    @classmethod
+    def for_task(cls, env_id: str, env_backend: str = "envpool", **values: Any) -> "PPOConfig":
+        """The validated config that ``ppo-eqx train --env-backend ENV_BACKEND --env-id ENV_ID`` trains with
+        ``values`` as its flags: ``values`` over the task's preset (``preset_for``) over the defaults.
+
+        Imports jax and the backend (the backend says the task's kind of observation).
+        """
+        from .core.envs import backend  # jax: the command line's parsing starts without it
+
+        cls.from_dict({"env_id": env_id, "env_backend": env_backend})  # names checked before the backend reads them
+        chosen = backend(env_backend)
+        preset = preset_for(chosen.spec(env_id).kind, state_is_data=chosen.state_is_data)
+        return cls.from_dict({**preset, **values, "env_id": env_id, "env_backend": env_backend})
+
     def validate(self) -> "PPOConfig":
         """Return self, or raise ConfigError naming the first impossible setting, its value and what is allowed.
 

@@ -24,6 +24,8 @@ from ppo_eqx import (
     run_seeds,
     save_checkpoint,
 )
+from ppo_eqx.cli.command_line import build_parser
+from ppo_eqx.cli.plan import config_from_args
 from ppo_eqx.core.envs import backend
 from ppo_eqx.core.networks import MLP
 from ppo_eqx.host.conv_route import resolve_conv_impl_for
@@ -70,6 +72,26 @@ def test_the_six_tasks_and_their_observations():
         env.make_async("CartPole-v1", [1, 2, 3, 4], 2)
     with pytest.raises(ConfigError, match="do not render"):
         env.make("CartPole-v1", [1], render=True)
+
+
+def test_a_tasks_config_for_a_library_user_is_the_command_lines():
+    """``PPOConfig.for_task``: the values given, over the task's preset, over CleanRL's defaults; what
+    ``ppo-eqx train --env-backend gymnax --env-id ...`` with those flags trains."""
+    config = PPOConfig.for_task("CartPole-v1", env_backend="gymnax", num_seeds=64, learning_rate=1e-3)
+    assert (config.env_id, config.env_backend) == ("CartPole-v1", "gymnax")
+    assert (config.num_seeds, config.learning_rate) == (64, 1e-3)
+    assert (config.num_envs, config.total_timesteps, config.iterations_per_dispatch) == (4, 500_000, 250)  # preset
+    assert config.gamma == PPOConfig().gamma  # default
+    args = build_parser().parse_args(
+        ["train", "--env-backend", "gymnax", "--env-id", "CartPole-v1", "--num-seeds", "64", "--learning-rate", "1e-3"]
+    )
+    assert config_from_args(args) == config
+    minatar = PPOConfig.for_task("SpaceInvaders-MinAtar", env_backend="gymnax")
+    assert (minatar.num_envs, minatar.gamma, minatar.iterations_per_dispatch) == (64, 0.999, 10)
+    with pytest.raises(ConfigError, match="unknown config field"):
+        PPOConfig.for_task("CartPole-v1", env_backend="gymnax", lr=1.0)
+    with pytest.raises(ConfigError, match="num_seeds=0"):
+        PPOConfig.for_task("CartPole-v1", env_backend="gymnax", num_seeds=0)
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Breakout-MinAtar"])

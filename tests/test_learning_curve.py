@@ -258,7 +258,9 @@ def test_many_seeds_get_colours_of_their_own_and_a_legend_beside_the_curves(lc: 
     assert [line.get_label() for line in seed_lines] == [f"seed {5 + i}" for i in range(16)]
     assert len({line.get_color() for line in seed_lines}) == 16
     assert [text.get_text() for text in figure.legends[0].get_texts()] == [f"seed {5 + i}" for i in range(16)]
-    inside = [text.get_text() for text in ax.get_legend().get_texts()]
+    legend = ax.get_legend()
+    assert legend is not None
+    inside = [text.get_text() for text in legend.get_texts()]
     assert inside and not any(text.startswith("seed ") for text in inside)  # the published line, dots, lines
     figure.savefig(tmp_path / "many.png")
     legend_box = figure.legends[0].get_window_extent()

@@ -6,9 +6,9 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from ..config import PPOConfig, flag, preset_for
+from ..config import PPOConfig, flag
 from ..core.envs import backend
 from ..errors import ConfigError, RunDirError, UsageError
 from ..host.checkpoint import CheckpointFile, check_same_run, read_checkpoint
@@ -35,14 +35,12 @@ class Plan(NamedTuple):
 
 def config_from_args(args: argparse.Namespace) -> PPOConfig:
     """Explicit flags, else the task's preset, else PPOConfig's (CleanRL's) defaults; validated."""
-    env_id = args.env_id or PPOConfig.env_id
-    env_backend = backend(args.env_backend or PPOConfig.env_backend)
-    values: dict[str, Any] = preset_for(env_backend.spec(env_id).kind, state_is_data=env_backend.state_is_data)
-    values.update({name: value for name, value in vars(args).items() if name in _CONFIG_FIELDS and value is not None})
+    values = {name: value for name, value in vars(args).items() if name in _TASK_FIELDS and value is not None}
     for name, _ in values.get("sweep", ()):
         if getattr(args, name, None) is not None:
             raise UsageError(f"{flag(name)} and --sweep {flag(name)[2:]}=... both set {name}; drop one")
-    config = PPOConfig(**values).validate()
+    env_backend = backend(PPOConfig.env_backend if args.env_backend is None else args.env_backend)
+    config = PPOConfig.for_task(PPOConfig.env_id if args.env_id is None else args.env_id, env_backend.name, **values)
     if config.async_batch_size and not env_backend.has_async:
         raise ConfigError(
             f"async_batch_size={config.async_batch_size} is not possible with --env-backend {env_backend.name}; "
@@ -52,6 +50,7 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
 
 
 _CONFIG_FIELDS = frozenset(PPOConfig.__dataclass_fields__)
+_TASK_FIELDS = _CONFIG_FIELDS - {"env_id", "env_backend"}
 
 
 def plan_new(args: argparse.Namespace) -> Plan:
