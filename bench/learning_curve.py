@@ -19,6 +19,10 @@ Writes OUT.png and OUT.json (the curves, each seed's final return, random play's
 at 10M steps, measured on a GPU: they are stated in the caption and the JSON, not drawn, since a 1M-step
 curve is not comparable with them. A MinAtar game's published 10M-step PPO return (gymnax-blines', the return
 that gymnax's README gives its PPO checkpoint) is drawn: a 10M-step run on gymnax is its like.
+
+gymnax-blines reports its final policy played afresh, not its training episodes: `--eval-episodes 164` plays
+each seed's final checkpoint for 164 episodes (`ppo-eqx eval`, sampled actions; its eval.json is kept in the
+agent's directory and read again next time) and adds their mean to the caption and the JSON.
 """
 
 import argparse
@@ -43,6 +47,8 @@ from ppo_eqx_bench.runs import Run, find_run_dirs, load_run  # noqa: E402
 from ppo_eqx_bench.stats import FINAL_FRACTION, WINDOW, final_return, steps_text  # noqa: E402
 
 NO_RUN, UNFINISHED, FINISHED = "no run", "unfinished", "finished"
+EVAL_JSON = "eval.json"
+"""What `ppo-eqx eval AGENT_DIR` writes in the agent's directory."""
 DEFAULTS = {"env_id": "Breakout-v5", "total_timesteps": 1_000_000, "num_seeds": 2, "seed": 1, "env_backend": "envpool"}
 PUBLISHED_10M = {
     "Breakout-MinAtar": 28.0,
@@ -79,9 +85,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--plot-only", action="store_true", help="train nothing: plot what RUN_DIR holds, finished or not"
     )
+    parser.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=0,
+        help="play each seed's final policy for this many episodes (`ppo-eqx eval`, sampled actions, envs of "
+        "its own) and report their mean beside the training curve: gymnax-blines' way of reporting (default: 0, "
+        "none)",
+    )
     args = parser.parse_args(argv)
     if args.total_timesteps < 1 or args.num_seeds < 1:
         parser.error("--total-timesteps and --num-seeds must be positive")
+    if args.eval_episodes < 0:
+        parser.error(f"--eval-episodes {args.eval_episodes}: allowed: 0 (none) or a positive number of episodes")
     return args
 
 
@@ -205,11 +221,16 @@ def curve_data(
     out: Path,
     window: int = WINDOW,
     published: dict[str, Any] | None = None,
+    evals: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Everything the plot and the JSON show, JSON-ready (no NaN: null instead)."""
+    """Everything the plot and the JSON show, JSON-ready (no NaN: null instead). ``evals``: each run's final
+    policy played afresh (``final_policy_eval``), in the order of ``runs``."""
     if not runs:
         raise ValueError("curve_data needs at least one run")
     seeds = [seed_curve(run, run_dir) for run in runs]
+    if evals is not None:
+        for seed, played in zip(seeds, evals, strict=True):
+            seed["eval"] = played
     hardware = next((run.hardware for run in runs if run.hardware), None)
     env_id = str(config.get("env_id", runs[0].env_id))
     total_timesteps = config.get("total_timesteps")
@@ -231,6 +252,7 @@ def curve_data(
         "random_score_source": f"ppo_eqx_bench/data/{HUMAN_RANDOM_CSV}",
         "cleanrl_10m_return": cleanrl_10m,
         "published_return": published,
+        "eval_mean_return": None if evals is None else float(sum(e["mean_return"] for e in evals) / len(evals)),
         "hyperparameters_text": "gymnax-blines' hyperparameters" if published else "CleanRL's hyperparameters",
         "wall_seconds": max(run.final_seconds for run in runs),  # the agents trained together, in one program
         "hardware": hardware,
@@ -331,6 +353,37 @@ def train(arguments: list[str]) -> None:
         raise LearningCurveError(f"training failed (exit {returncode}; its output is above)")
 
 
+def final_policy_eval(run: Run, episodes: int) -> dict[str, Any]:
+    """``run``'s final policy played for ``episodes`` episodes (sampled actions, evaluation envs of its own):
+    the agent's eval.json, played by `ppo-eqx eval AGENT_DIR --episodes N` unless it already holds those
+    episodes of the final checkpoint."""
+    path = run.run_dir / EVAL_JSON
+    record = _read_eval(path)
+    wanted = {"episodes": episodes, "greedy": False, "global_step": run.final_step}
+    if record is None or any(record.get(name) != value for name, value in wanted.items()):
+        arguments = ["eval", str(run.run_dir), "--episodes", str(episodes)]
+        print(f"learning_curve.py: {shlex.join([*launch.train_command(), *arguments])}", flush=True)
+        try:
+            returncode = launch.run_to_end(arguments)
+        except OSError as error:
+            raise LearningCurveError(f"cannot start the evaluation: {error}") from None
+        if returncode != 0:
+            raise LearningCurveError(f"the evaluation of {run.run_dir} failed (exit {returncode}; its output is above)")
+        record = _read_eval(path)
+        if record is None:
+            raise LearningCurveError(f"the evaluation of {run.run_dir} wrote no {EVAL_JSON}")
+    return {"episodes": record["episodes"], "mean_return": record["mean_return"], "seed": record.get("seed")}
+
+
+def _read_eval(path: Path) -> dict[str, Any] | None:
+    """An agent's eval.json; None when there is none or it cannot be read (then it is played again)."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) and "mean_return" in record else None
+
+
 def _check_matches(config: dict[str, Any], args: argparse.Namespace) -> None:
     """A run already in RUN_DIR is only continued or plotted when the flags ask for that run."""
     wanted = {name: getattr(args, name) for name in DEFAULTS}
@@ -360,9 +413,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise LearningCurveError(f"training ended without finishing {run_dir}; run this again to continue")
         elif not args.plot_only:
             _check_matches(saved_config(run_dir) or {}, args)
+        if args.eval_episodes and run_state(run_dir) != FINISHED:
+            raise LearningCurveError(
+                f"--eval-episodes {args.eval_episodes} plays finished runs' final policies; {run_dir} is not finished"
+            )
         runs = read_runs(run_dir)
         if not runs:
             raise LearningCurveError(f"{run_dir}: no agent has logged an iteration yet")
+        evals = [final_policy_eval(run, args.eval_episodes) for run in runs] if args.eval_episodes else None
         config = saved_config(run_dir) or runs[0].config
         env_id = str(config.get("env_id", runs[0].env_id))
         random_score, cleanrl = reference_scores(env_id)
@@ -374,6 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cleanrl_10m=cleanrl,
             out=args.out,
             published=published_return(env_id),
+            evals=evals,
         )
         png, json_path = write_outputs(data, args.out)
     except (LearningCurveError, rundir.RunDirError, OSError) as error:

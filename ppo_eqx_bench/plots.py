@@ -242,6 +242,13 @@ def _caption(data: dict[str, Any]) -> str:
         f"Final return (mean of the last {FINAL_FRACTION:.0%} of iterations): {finals}. "
         f"Wall time{'' if data['finished'] else ' so far'}: {_duration_text(data['wall_seconds'])} (seeds together)."
     ]
+    if data.get("eval_mean_return") is not None:
+        played = ", ".join(f"seed {seed['seed']} {seed['eval']['mean_return']:.1f}" for seed in data["seeds"])
+        episodes = data["seeds"][0]["eval"]["episodes"]
+        lines.append(
+            f"Final policy played afresh ({episodes} episodes a seed, sampled actions, ppo-eqx eval): {played}; "
+            f"mean {data['eval_mean_return']:.1f}."
+        )
     cleanrl = data["cleanrl_10m_return"]
     if cleanrl is not None:
         spread = f" ± {cleanrl['std']:.0f}" if cleanrl["std"] is not None else ""

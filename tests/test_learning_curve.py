@@ -272,3 +272,53 @@ def test_a_few_seeds_keep_the_legend_in_the_axes(lc: ModuleType, tmp_path: Path)
     assert lc.main(["--plot-only", "--run-dir", str(run_dir), "--out", str(tmp_path / "lc")]) == 0
     figure = learning_curve_figure(no_nan((tmp_path / "lc.json").read_text()))
     assert figure.axes[0].get_legend() is not None and not figure.legends
+
+
+class FakeEval:
+    """Stands in for `ppo-eqx eval AGENT_DIR --episodes N`: writes the agent's eval.json with made-up returns."""
+
+    RETURNS = {"seed1": [10.0, 20.0, 30.0, 40.0], "seed2": [5.0, 7.0, 9.0, 11.0]}
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, arguments: list[str]) -> int:
+        self.calls.append(arguments)
+        agent_dir, episodes = Path(arguments[1]), int(arguments[arguments.index("--episodes") + 1])
+        returns = self.RETURNS[agent_dir.name][:episodes]
+        record = {"episodes": episodes, "greedy": False, "seed": 1, "global_step": 20 * BATCH, "returns": returns}
+        (agent_dir / "eval.json").write_text(json.dumps({**record, "mean_return": float(np.mean(returns))}))
+        return 0
+
+
+def test_eval_episodes_play_each_seeds_final_policy_once(
+    lc: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = make_run(tmp_path, "Breakout-MinAtar")
+    fake = FakeEval()
+    monkeypatch.setattr(lc.launch, "run_to_end", fake)
+    out = ["--plot-only", "--run-dir", str(run_dir), "--out", str(tmp_path / "lc"), "--eval-episodes", "4"]
+    assert lc.main(out) == 0
+    assert fake.calls == [["eval", str(run_dir / f"seed{seed}"), "--episodes", "4"] for seed in (1, 2)]
+    data = no_nan((tmp_path / "lc.json").read_text())
+    assert [seed["eval"]["mean_return"] for seed in data["seeds"]] == [25.0, 8.0]  # np.mean of the returns above
+    assert [seed["eval"]["episodes"] for seed in data["seeds"]] == [4, 4]
+    assert data["eval_mean_return"] == pytest.approx((25.0 + 8.0) / 2)
+    assert "played afresh" in learning_curve_figure(data).get_supxlabel()
+    assert lc.main(out) == 0  # the same episodes again: each eval.json is read, nothing played
+    assert len(fake.calls) == 2
+    assert lc.main([*out[:-1], "2"]) == 0  # other episodes: played again
+    assert len(fake.calls) == 4 and no_nan((tmp_path / "lc.json").read_text())["eval_mean_return"] == 10.5
+
+
+def test_eval_episodes_refuse_an_unfinished_run_in_one_line(
+    lc: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = make_run(tmp_path, "Breakout-MinAtar", finished=False)
+    monkeypatch.setattr(lc.launch, "run_to_end", FakeEval())
+    out = ["--plot-only", "--run-dir", str(run_dir), "--out", str(tmp_path / "lc"), "--eval-episodes", "4"]
+    assert lc.main(out) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"learning_curve.py: --eval-episodes 4 plays finished runs' final policies; {run_dir} is not finished"
+    )
+    assert not list(tmp_path.glob("lc*"))
