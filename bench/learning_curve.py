@@ -42,7 +42,7 @@ from ppo_eqx.config import PPOConfig  # noqa: E402
 from ppo_eqx.errors import ConfigError  # noqa: E402
 from ppo_eqx.host import rundir  # noqa: E402
 from ppo_eqx_bench import launch  # noqa: E402
-from ppo_eqx_bench.anchors import ANCHORS_CSV, HUMAN_RANDOM_CSV, AnchorError, load_anchors  # noqa: E402
+from ppo_eqx_bench.anchors import ANCHORS_CSV, HUMAN_RANDOM_CSV, PUBLISHED_10M, AnchorError, load_anchors  # noqa: E402
 from ppo_eqx_bench.runs import Run, find_run_dirs, load_run  # noqa: E402
 from ppo_eqx_bench.stats import FINAL_FRACTION, WINDOW, final_return, steps_text  # noqa: E402
 
@@ -50,14 +50,6 @@ NO_RUN, UNFINISHED, FINISHED = "no run", "unfinished", "finished"
 EVAL_JSON = "eval.json"
 """What `ppo-eqx eval AGENT_DIR` writes in the agent's directory."""
 DEFAULTS = {"env_id": "Breakout-v5", "total_timesteps": 1_000_000, "num_seeds": 2, "seed": 1, "env_backend": "envpool"}
-PUBLISHED_10M = {
-    "Breakout-MinAtar": 28.0,
-    "SpaceInvaders-MinAtar": 131.0,
-    "Asterix-MinAtar": 15.0,
-    "Freeway-MinAtar": 58.0,
-}
-"""gymnax-blines' PPO on gymnax's MinAtar games after 10M steps (64 envs, 2 x 256 ReLU MLPs on the flattened grid:
-ppo-eqx's ``grid`` preset), as gymnax's README gives its checkpoints' returns (the figures of issue 25)."""
 
 
 class LearningCurveError(Exception):

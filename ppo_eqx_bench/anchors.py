@@ -13,6 +13,14 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 ANCHORS_CSV = "cleanrl_ppo_atari_envpool_xla_jax.csv"
 HUMAN_RANDOM_CSV = "atari_human_random_scores.csv"
 NAN = float("nan")
+PUBLISHED_10M = {
+    "Breakout-MinAtar": 28.0,
+    "SpaceInvaders-MinAtar": 131.0,
+    "Asterix-MinAtar": 15.0,
+    "Freeway-MinAtar": 58.0,
+}
+"""gymnax-blines' PPO on gymnax's MinAtar games after 10M steps (64 envs, 2 x 256 ReLU MLPs on the flattened grid:
+ppo-eqx's ``grid`` preset), as gymnax's README gives its checkpoints' returns (the figures of issue 25)."""
 
 
 @dataclasses.dataclass(frozen=True)

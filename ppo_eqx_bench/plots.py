@@ -338,6 +338,6 @@ def learning_curve_figure(data: dict[str, Any]) -> Figure:
             loc="lower right",
         )
     else:
-        ax.legend(fontsize="small", loc="upper left")
+        ax.legend(fontsize="small", loc="best")  # where the curves are not
     figure.supxlabel(_caption(data), fontsize="small")
     return figure
