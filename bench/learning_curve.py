@@ -332,13 +332,19 @@ def write_outputs(data: dict[str, Any], out: Path) -> tuple[Path, Path]:
 # ---- training ----
 
 
-def train(arguments: list[str]) -> None:
-    """Run ``ppo-eqx ARGUMENTS`` to its end (``launch.run_to_end``); LearningCurveError if it fails."""
+def run_ppo_eqx(arguments: list[str], doing: str) -> int:
+    """``ppo-eqx ARGUMENTS`` said and run to its end (``launch.run_to_end``); its exit status. LearningCurveError
+    naming ``doing`` when it cannot start."""
     print(f"learning_curve.py: {shlex.join([*launch.train_command(), *arguments])}", flush=True)
     try:
-        returncode = launch.run_to_end(arguments)
+        return launch.run_to_end(arguments)
     except OSError as error:
-        raise LearningCurveError(f"cannot start training: {error}") from None
+        raise LearningCurveError(f"cannot start {doing}: {error}") from None
+
+
+def train(arguments: list[str]) -> None:
+    """Run ``ppo-eqx ARGUMENTS`` to its end (``launch.run_to_end``); LearningCurveError if it fails."""
+    returncode = run_ppo_eqx(arguments, "training")
     if returncode in (130, 143):  # the trainer's exit after SIGINT or SIGTERM, checkpointed
         raise LearningCurveError(f"training stopped (exit {returncode}); run this again to continue it")
     if returncode != 0:
@@ -353,12 +359,7 @@ def final_policy_eval(run: Run, episodes: int) -> dict[str, Any]:
     record = _read_eval(path)
     wanted = {"episodes": episodes, "greedy": False, "global_step": run.final_step}
     if record is None or any(record.get(name) != value for name, value in wanted.items()):
-        arguments = ["eval", str(run.run_dir), "--episodes", str(episodes)]
-        print(f"learning_curve.py: {shlex.join([*launch.train_command(), *arguments])}", flush=True)
-        try:
-            returncode = launch.run_to_end(arguments)
-        except OSError as error:
-            raise LearningCurveError(f"cannot start the evaluation: {error}") from None
+        returncode = run_ppo_eqx(["eval", str(run.run_dir), "--episodes", str(episodes)], "the evaluation")
         if returncode != 0:
             raise LearningCurveError(f"the evaluation of {run.run_dir} failed (exit {returncode}; its output is above)")
         record = _read_eval(path)
