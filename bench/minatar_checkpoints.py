@@ -98,18 +98,16 @@ def blines_model(weights: Mapping[str, np.ndarray], obs_shape: tuple[int, ...], 
 
 def play(env_id: str, weights: Mapping[str, np.ndarray], episodes: int, seeds: Sequence[int]) -> list[float]:
     """Mean return over ``episodes`` episodes for each evaluation seed: ``ppo_eqx.evaluate``, sampled actions."""
-    import jax
-
     from ppo_eqx import PPOConfig, evaluate
     from ppo_eqx.core.envs import backend
-    from ppo_eqx.host.evaluate import EVAL_STREAM
+    from ppo_eqx.host.evaluate import eval_key
 
     config = PPOConfig.for_task(env_id, "gymnax")
     spec = backend("gymnax").spec(env_id)
     model = blines_model(weights, spec.obs_shape, spec.num_actions)
     means = []
     for seed in seeds:
-        key = jax.random.fold_in(jax.random.PRNGKey(seed), EVAL_STREAM)  # as `ppo-eqx eval --seed SEED`
+        key = eval_key(seed)  # as `ppo-eqx eval --seed SEED`
         played = evaluate(model, config, episodes=episodes, seed=seed, key=key)
         means.append(float(np.mean(played.returns)))
     return means

@@ -13,7 +13,7 @@ from ..core.networks import ActorCritic, ConvRoute
 from ..errors import RunError, UsageError
 from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint
 from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
-from ..host.evaluate import EVAL_STREAM, VIDEO_FORMATS, Evaluation, VideoWriter, evaluate, summarise
+from ..host.evaluate import VIDEO_FORMATS, Evaluation, VideoWriter, eval_key, evaluate, summarise
 from ..host.rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, write_json
 from .checks import require
 from .environment import XlaFlagsProbe, check_backend
@@ -133,7 +133,7 @@ def _check_video(video: Path, run_dir: Path, output: Path) -> None:
 
 
 def _play(args: argparse.Namespace, model: ActorCritic, config: PPOConfig, *, fps: int) -> Evaluation:
-    key = jax.random.fold_in(jax.random.PRNGKey(args.seed), EVAL_STREAM)
+    key = eval_key(args.seed)
     writer = None
     if args.video is not None:
         try:

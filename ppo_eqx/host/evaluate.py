@@ -35,6 +35,11 @@ def eval_env_seeds(seed: int, num_envs: int) -> list[int]:
     return derived_seeds(seed, EVAL_STREAM, num_envs)
 
 
+def eval_key(seed: int) -> PRNGKeyArray:
+    """The key of the evaluation's actions for ``seed`` (``ppo-eqx eval --seed SEED``): apart from training's."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed), EVAL_STREAM)
+
+
 def episode_quotas(episodes: int, num_envs: int) -> list[int]:
     """How many episodes each env plays: ``episodes`` in all, as even as can be."""
     return [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]
