@@ -49,7 +49,14 @@ from ppo_eqx_bench.stats import FINAL_FRACTION, WINDOW, final_return, steps_text
 NO_RUN, UNFINISHED, FINISHED = "no run", "unfinished", "finished"
 EVAL_JSON = "eval.json"
 """What `ppo-eqx eval AGENT_DIR` writes in the agent's directory."""
-DEFAULTS = {"env_id": "Breakout-v5", "total_timesteps": 1_000_000, "num_seeds": 2, "seed": 1, "env_backend": "envpool"}
+DEFAULTS = {
+    "env_id": "Breakout-v5",
+    "total_timesteps": 1_000_000,
+    "num_seeds": 2,
+    "seed": 1,
+    "env_backend": "envpool",
+    "network_init": "cleanrl",
+}
 
 
 class LearningCurveError(Exception):
@@ -66,6 +73,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="the first seed (default: %(default)s)")
     parser.add_argument(
         "--env-backend", default=DEFAULTS["env_backend"], help="envpool, ale or gymnax (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--network-init", default=DEFAULTS["network_init"], help="cleanrl or gymnax-blines (default: %(default)s)"
     )
     parser.add_argument("--run-dir", type=Path, default=Path("runs/learning_curve"), help="(default: %(default)s)")
     parser.add_argument(
@@ -177,16 +187,26 @@ def script_command(config: dict[str, Any], out: Path) -> str:
     """The command that trains such a run afresh (in the default run directory) and plots it."""
     args = ["python", "bench/learning_curve.py"]
     for name in DEFAULTS:
-        args += ["--" + name.replace("_", "-"), str(config.get(name, DEFAULTS[name]))]
+        value = config.get(name, DEFAULTS[name])
+        if name != "network_init" or value != DEFAULTS[name]:
+            args += ["--" + name.replace("_", "-"), str(value)]
     return shlex.join([*args, "--out", str(out)])
 
 
 def train_args(
-    env_id: str, total_timesteps: int, num_seeds: int, seed: int, run_dir: Path, env_backend: str = "envpool"
+    env_id: str,
+    total_timesteps: int,
+    num_seeds: int,
+    seed: int,
+    run_dir: Path,
+    env_backend: str = "envpool",
+    network_init: str = "cleanrl",
 ) -> list[str]:
-    """`ppo-eqx train`'s arguments for a new run."""
+    """`ppo-eqx train`'s arguments for a new run (``--network-init`` only where it is not the default)."""
+    init = [] if network_init == DEFAULTS["network_init"] else ["--network-init", network_init]
     return [
         "train",
+        *init,
         "--env-backend",
         env_backend,
         "--env-id",
@@ -260,6 +280,7 @@ def curve_data(
                     first_seed,
                     run_dir,
                     str(config.get("env_backend", DEFAULTS["env_backend"])),
+                    saved_setting(config, "network_init"),
                 ),
             ]
         ),
@@ -377,10 +398,16 @@ def _read_eval(path: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) and "mean_return" in record else None
 
 
+def saved_setting(config: dict[str, Any], name: str) -> Any:
+    """A setting of a saved config; a run saved before ``network_init`` existed started as CleanRL's."""
+    return config.get(name, DEFAULTS["network_init"] if name == "network_init" else None)
+
+
 def _check_matches(config: dict[str, Any], args: argparse.Namespace) -> None:
     """A run already in RUN_DIR is only continued or plotted when the flags ask for that run."""
     wanted = {name: getattr(args, name) for name in DEFAULTS}
-    differ = [f"{name}={config.get(name)!r}" for name, value in wanted.items() if config.get(name) != value]
+    saved = {name: saved_setting(config, name) for name in DEFAULTS}
+    differ = [f"{name}={saved[name]!r}" for name, value in wanted.items() if saved[name] != value]
     if differ:
         raise LearningCurveError(
             f"{args.run_dir} holds another run ({', '.join(differ)}); pass its flags, --plot-only, or another --run-dir"
@@ -400,7 +427,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 train(["train", "--resume", str(run_dir), "--no-progress"])
             else:
                 train(
-                    train_args(args.env_id, args.total_timesteps, args.num_seeds, args.seed, run_dir, args.env_backend)
+                    train_args(
+                        args.env_id,
+                        args.total_timesteps,
+                        args.num_seeds,
+                        args.seed,
+                        run_dir,
+                        args.env_backend,
+                        args.network_init,
+                    )
                 )
             if run_state(run_dir) != FINISHED:
                 raise LearningCurveError(f"training ended without finishing {run_dir}; run this again to continue")

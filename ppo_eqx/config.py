@@ -23,6 +23,8 @@ ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
 """How convolutions are computed: a route (``core.networks.ConvRoute``) or "auto", resolved at the edge
 (``host.conv_route.resolve_conv_impl``)."""
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
+NETWORK_INITS = ("cleanrl", "gymnax-blines")
+"""How a model's layers may start (``core.networks.NetworkInit``, the same names, says what each means)."""
 ENV_BACKENDS = ("envpool", "ale", "gymnax")
 """The env backends a config may name (``ppo_eqx.core.envs.BACKENDS`` maps each to its module)."""
 
@@ -102,6 +104,12 @@ class PPOConfig(Hyperparameters):
         False,
         "bootstrap an episode that a time limit ended from the value of its final observation; off: treat it as "
         "terminal, as CleanRL does (ppo_eqx's own)",
+    )
+    network_init: str = config_field(
+        "cleanrl",
+        "how the network's layers start: cleanrl (orthogonal, CleanRL's gains, zero biases) or gymnax-blines "
+        "(flax's LeCun normal kernels, biases uniform in [0, 0.05), as gymnax-blines' agents) (ppo_eqx's own)",
+        choices=NETWORK_INITS,
     )
     iterations_per_dispatch: int = config_field(
         1,
@@ -388,6 +396,7 @@ NOT_SWEEPABLE: dict[str, str] = {
     "async_batch_size": "changes the pool and the batch's shape",
     "env_backend": "makes another pool",
     "bootstrap_truncated": "changes the program (one more critic evaluation a step)",
+    "network_init": "is drawn before the program, the same way for every agent of a run",
     "iterations_per_dispatch": "changes the program, not the results",
     "sweep": "is the sweep itself",
 }

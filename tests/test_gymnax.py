@@ -28,6 +28,8 @@ from ppo_eqx.cli.command_line import build_parser
 from ppo_eqx.cli.plan import config_from_args
 from ppo_eqx.core.envs import backend
 from ppo_eqx.core.networks import MLP
+from ppo_eqx.errors import UsageError
+from ppo_eqx.host.checkpoint import fresh_agents
 from ppo_eqx.host.conv_route import resolve_conv_impl_for
 
 from .comparisons import ATOL, RTOL, final_checkpoint_bytes, leaves_equal, metrics
@@ -144,6 +146,21 @@ def test_the_minatar_network_is_two_wide_relu_mlps_on_the_flattened_grid():
     assert value.shape == (5,)
     # "auto" builds no CPU kernel for a model without convolutions, though its observations are 3-D.
     assert resolve_conv_impl_for("auto", spec) == "matmul"
+
+
+def test_network_init_on_the_command_line_starts_each_agents_model_so():
+    flags = ["train", "--env-backend", "gymnax", "--env-id", "Breakout-MinAtar", "--num-seeds", "2"]
+    spec = backend("gymnax").spec("Breakout-MinAtar")
+    for extra, nonzero_biases in (([], False), (["--network-init", "gymnax-blines"], True)):
+        config = config_from_args(build_parser().parse_args([*flags, *extra]))
+        model = fresh_agents(config, spec, conv_impl="matmul").model
+        assert isinstance(model.actor, MLP)
+        biases = np.asarray(model.actor.layers[0].bias)
+        assert biases.shape == (2, 256)  # one model per agent
+        assert bool(np.all(biases > 0)) is nonzero_biases and bool(np.any(biases)) is nonzero_biases
+        assert not np.array_equal(biases[0], biases[1]) or not nonzero_biases  # each agent draws its own
+    with pytest.raises(UsageError, match="--network-init: invalid choice: 'flax'"):
+        build_parser().parse_args([*flags, "--network-init", "flax"])
 
 
 GYMNAX_RUN = PPOConfig(

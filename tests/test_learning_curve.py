@@ -232,6 +232,35 @@ def test_training_starts_continues_or_is_skipped(
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("learning_curve.py: ")
 
 
+def test_network_init_is_passed_on_recorded_and_a_run_saved_before_it_counts_as_cleanrls(
+    lc: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "blines"
+    fake = FakeTrain(run_dir)
+    monkeypatch.setattr(lc, "train", fake)
+    flags = ["--run-dir", str(run_dir), "--out", str(tmp_path / "lc"), "--total-timesteps", str(20 * BATCH)]
+    assert lc.main([*flags, "--network-init", "gymnax-blines"]) == 0
+    assert fake.calls[0][:3] == ["train", "--network-init", "gymnax-blines"]
+    assert "--network-init" not in lc.train_args("Breakout-v5", BATCH, 2, 1, run_dir)  # the default goes unsaid
+    # The plot records the run's initialisation, read from its config, in both commands.
+    for name in ("seeds.json", "seed1/config.json", "seed2/config.json"):
+        config = json.loads((run_dir / name).read_text())
+        (run_dir / name).write_text(json.dumps({**config, "network_init": "gymnax-blines"}))
+    assert lc.main(["--plot-only", *flags]) == 0
+    data = json.loads((tmp_path / "lc.json").read_text())
+    assert "--network-init gymnax-blines" in data["command"] and "--network-init gymnax-blines" in data["train_command"]
+    assert lc.main(flags) == 1  # the flags ask for another run: refused
+    # A config saved before network_init existed: CleanRL's start, the default; no flag in its commands.
+    old = make_run(tmp_path)
+    for name in ("seeds.json", "seed1/config.json", "seed2/config.json"):
+        config = json.loads((old / name).read_text())
+        del config["network_init"]
+        (old / name).write_text(json.dumps(config))
+    assert lc.saved_setting(json.loads((old / "seeds.json").read_text()), "network_init") == "cleanrl"
+    assert lc.main(["--plot-only", "--run-dir", str(old), "--out", str(tmp_path / "old")]) == 0
+    assert "--network-init" not in (tmp_path / "old.json").read_text()
+
+
 @pytest.mark.subprocess
 def test_a_failed_training_exits_non_zero_in_one_line(
     lc: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -1,3 +1,5 @@
+from typing import get_args
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -7,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ppo_eqx import ActorCritic, AgentHyperparameters, Batch, Hyperparameters, model_loss
-from ppo_eqx.core.networks import Conv, Dense
+from ppo_eqx.config import NETWORK_INITS
+from ppo_eqx.core.networks import Conv, Dense, NetworkInit
 
 from .conv_reference import ATARI_SHAPE, needs_kernel, numpy_conv
 
@@ -92,6 +95,47 @@ def test_cleanrl_initialisation():
     first = np.asarray(model.torso.convs[0].weight, np.float64).reshape(-1, 32)
     np.testing.assert_allclose(first.T @ first, 2.0 * np.eye(32), atol=1e-4)
     assert model.torso.dense.weight.shape == (3136, 512)
+
+
+@pytest.mark.parametrize(
+    "kind, obs_shape",
+    [("grid", (10, 10, 6)), ("vector", (4,)), pytest.param("frames", ATARI_SHAPE, marks=pytest.mark.compile)],
+)
+def test_network_init_gymnax_blines_starts_every_layer_as_flax_does_and_cleanrl_as_cleanrl_does(kind, obs_shape):
+    """gymnax-blines' start, stated in NumPy: LeCun normal kernels (variance 1 / fan-in, cut at two of the
+    untruncated normal's standard deviations, which flax widens by 1 / 0.8796 so the cut one keeps the variance),
+    biases uniform in [0, 0.05). CleanRL's: orthogonal columns (or rows) times the layer's gain, zero biases."""
+    key = jax.random.PRNGKey(3)
+    blines = ActorCritic(obs_shape, 6, kind=kind, init="gymnax-blines", key=key)
+    cleanrl = ActorCritic(obs_shape, 6, kind=kind, key=key)  # the default
+    for layer in network_layers(blines):
+        w, b = np.asarray(layer.weight, np.float64), np.asarray(layer.bias, np.float64)
+        fan_in = w.size // w.shape[-1]
+        std = 1 / np.sqrt(fan_in)
+        assert np.abs(w).max() <= 2 * std / 0.87962566103423978 * (1 + 1e-6)
+        assert abs(w.std() / std - 1) < 4 / np.sqrt(w.size)  # four standard errors of a sample's std
+        assert abs(w.mean()) < 4 * std / np.sqrt(w.size)
+        assert b.min() >= 0 and b.max() < 0.05
+        assert b.size < 64 or abs(b.mean() - 0.025) < 4 * 0.05 / np.sqrt(12 * b.size)
+    for layer in network_layers(cleanrl):
+        w = np.asarray(layer.weight, np.float64).reshape(-1, layer.weight.shape[-1])
+        gram = w @ w.T if w.shape[0] < w.shape[1] else w.T @ w
+        gain = np.sqrt(gram[0, 0])
+        assert min(abs(gain / g - 1) for g in (np.sqrt(2), 1.0, 0.01)) < 1e-4
+        np.testing.assert_allclose(gram, gain**2 * np.eye(min(w.shape)), atol=1e-5 * max(gain**2, 1e-3))
+        assert not np.any(np.asarray(layer.bias))
+    # Different layers draw different numbers.
+    assert not np.array_equal(network_layers(blines)[-1].weight, network_layers(blines)[-2].weight)
+
+
+def test_the_config_names_the_networks_initialisations():
+    assert NETWORK_INITS == get_args(NetworkInit) == ("cleanrl", "gymnax-blines")
+
+
+def network_layers(model: ActorCritic) -> list[Dense | Conv]:
+    torso = [*model.torso.convs, model.torso.dense] if model.torso is not None else []
+    heads = [layer for head in (model.actor, model.critic) for layer in getattr(head, "layers", (head,))]
+    return torso + heads
 
 
 @pytest.mark.compile

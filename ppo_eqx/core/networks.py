@@ -43,13 +43,34 @@ def _orthogonal(key: PRNGKeyArray, shape: tuple[int, ...], scale: float) -> Floa
     return matrix.reshape(shape)
 
 
+NetworkInit = Literal["cleanrl", "gymnax-blines"]
+"""How a model's layers start. ``"cleanrl"``: CleanRL's ``layer_init``, an orthogonal matrix (fan-in x fan-out)
+times the layer's gain, zero biases. ``"gymnax-blines"``: as gymnax-blines' flax agents start, flax's default
+kernels (LeCun normal: variance 1 / fan-in, truncated at two standard deviations) and biases uniform in
+``[0, GYMNAX_BLINES_BIAS_HIGH)``; the gains play no part."""
+NETWORK_INITS: tuple[str, ...] = get_args(NetworkInit)
+GYMNAX_BLINES_BIAS_HIGH = 0.05
+
+
+def _init_layer(
+    key: PRNGKeyArray, shape: tuple[int, ...], scale: float, init: NetworkInit
+) -> tuple[Float[Array, "..."], Float[Array, " fan_out"]]:
+    """A layer's weight of ``shape`` (fan-in axes first, fan-out last) and its bias, started as ``init`` says."""
+    if init == "cleanrl":
+        return _orthogonal(key, shape, scale), jnp.zeros(shape[-1:], jnp.float32)
+    weight_key, bias_key = jax.random.split(key)
+    weight = jax.nn.initializers.lecun_normal(in_axis=tuple(range(len(shape) - 1)), out_axis=-1)(
+        weight_key, shape, jnp.float32
+    )
+    return weight, jax.random.uniform(bias_key, shape[-1:], jnp.float32, 0.0, GYMNAX_BLINES_BIAS_HIGH)
+
+
 class Dense(eqx.Module):
     weight: Float[Array, "fan_in fan_out"]
     bias: Float[Array, " fan_out"]
 
-    def __init__(self, fan_in: int, fan_out: int, scale: float, *, key: PRNGKeyArray):
-        self.weight = _orthogonal(key, (fan_in, fan_out), scale)
-        self.bias = jnp.zeros((fan_out,), jnp.float32)
+    def __init__(self, fan_in: int, fan_out: int, scale: float, *, init: NetworkInit = "cleanrl", key: PRNGKeyArray):
+        self.weight, self.bias = _init_layer(key, (fan_in, fan_out), scale, init)
 
     def __call__(self, x: Float[Array, "B fan_in"]) -> Float[Array, "B fan_out"]:
         return x @ self.weight + self.bias
@@ -142,11 +163,20 @@ class Conv(eqx.Module):
     bias: Float[Array, " cout"]
     stride: int = eqx.field(static=True)
 
-    def __init__(self, cin: int, cout: int, size: int, stride: int, scale: float, *, key: PRNGKeyArray):
+    def __init__(
+        self,
+        cin: int,
+        cout: int,
+        size: int,
+        stride: int,
+        scale: float,
+        *,
+        init: NetworkInit = "cleanrl",
+        key: PRNGKeyArray,
+    ):
         if size % stride:
             raise ValueError(f"kernel size {size} must be a multiple of stride {stride}")
-        self.weight = _orthogonal(key, (size, size, cin, cout), scale)
-        self.bias = jnp.zeros((cout,), jnp.float32)
+        self.weight, self.bias = _init_layer(key, (size, size, cin, cout), scale, init)
         self.stride = stride
 
     def output_size(self, size: int) -> int:
@@ -205,14 +235,14 @@ class NatureCNN(eqx.Module):
     convs: tuple[Conv, Conv, Conv]
     dense: Dense
 
-    def __init__(self, obs_shape: tuple[int, ...], *, key: PRNGKeyArray):
+    def __init__(self, obs_shape: tuple[int, ...], *, init: NetworkInit = "cleanrl", key: PRNGKeyArray):
         channels, height, width = obs_shape
         k1, k2, k3, k4 = jax.random.split(key, 4)
         gain = math.sqrt(2)
         self.convs = (
-            Conv(channels, 32, 8, 4, gain, key=k1),
-            Conv(32, 64, 4, 2, gain, key=k2),
-            Conv(64, 64, 3, 1, gain, key=k3),
+            Conv(channels, 32, 8, 4, gain, init=init, key=k1),
+            Conv(32, 64, 4, 2, gain, init=init, key=k2),
+            Conv(64, 64, 3, 1, gain, init=init, key=k3),
         )
         for conv in self.convs:
             height, width = conv.output_size(height), conv.output_size(width)
@@ -224,7 +254,7 @@ class NatureCNN(eqx.Module):
                 f"obs_shape={tuple(obs_shape)}: frames of {obs_shape[1]}x{obs_shape[2]} are too small for the Nature "
                 f"CNN's three convolutions; allowed: at least {smallest}x{smallest}"
             )
-        self.dense = Dense(height * width * 64, 512, gain, key=k4)
+        self.dense = Dense(height * width * 64, 512, gain, init=init, key=k4)
 
     def prepare(self, obs: Shaped[Array, "B C H W"], impl: ConvRoute) -> Shaped[Array, "B ..."]:
         """The layout the first layer reads, still in the frames' dtype: NHWC for "xla"; for "matmul" the
@@ -264,18 +294,25 @@ _ACTIVATIONS = {"tanh": jnp.tanh, "relu": jax.nn.relu}
 
 
 class MLP(eqx.Module):
-    """Dense layers with ``activation`` between them (CleanRL's initialisation: gain sqrt(2), ``final_scale`` last)."""
+    """Dense layers with ``activation`` between them, started as ``init`` says (CleanRL's gains: sqrt(2), then
+    ``final_scale`` last)."""
 
     layers: tuple[Dense, ...]
     activation: Activation = eqx.field(static=True)
 
     def __init__(
-        self, sizes: tuple[int, ...], final_scale: float, *, activation: Activation = "tanh", key: PRNGKeyArray
+        self,
+        sizes: tuple[int, ...],
+        final_scale: float,
+        *,
+        activation: Activation = "tanh",
+        init: NetworkInit = "cleanrl",
+        key: PRNGKeyArray,
     ):
         keys = jax.random.split(key, len(sizes) - 1)
         scales = [math.sqrt(2)] * (len(sizes) - 2) + [final_scale]
         self.layers = tuple(
-            Dense(fan_in, fan_out, scale, key=k)
+            Dense(fan_in, fan_out, scale, init=init, key=k)
             for fan_in, fan_out, scale, k in zip(sizes[:-1], sizes[1:], scales, keys, strict=True)
         )
         self.activation = activation
@@ -300,7 +337,8 @@ class ActorCritic(eqx.Module):
     ``frames`` ``[B, C, H, W]`` (uint8, scaled by 1/255 inside) share a Nature-CNN torso between a linear actor
     (gain 0.01) and a linear critic (gain 1), as CleanRL's Atari agent. ``vector`` ``[B, D]`` gets CleanRL's
     classic-control agent: separate 64-64 tanh MLPs for actor and critic. ``grid`` ``[B, H, W, C]`` (MinAtar)
-    gets gymnax-blines' agent: separate 256-256 ReLU MLPs on the flattened grid, with CleanRL's initialisation.
+    gets gymnax-blines' agent: separate 256-256 ReLU MLPs on the flattened grid. Every layer starts as ``init``
+    says (``NetworkInit``: CleanRL's, the default, or gymnax-blines').
     ``conv_impl`` is the route the convolutions take (see this module's docstring; default "xla", XLA's own, as
     CleanRL); building the model runs nothing but its initialisation.
     """
@@ -319,6 +357,7 @@ class ActorCritic(eqx.Module):
         *,
         kind: ObsKind | None = None,
         conv_impl: ConvRoute = "xla",
+        init: NetworkInit = "cleanrl",
         key: PRNGKeyArray,
     ):
         if num_actions < 1:
@@ -332,18 +371,19 @@ class ActorCritic(eqx.Module):
         self.obs_shape, self.conv_impl = tuple(obs_shape), conv_impl
         kind = kind or _KIND_OF_RANK.get(len(obs_shape))
         if kind == "frames" and len(obs_shape) == 3:
-            self.torso = NatureCNN(obs_shape, key=torso_key)
-            self.actor = Dense(512, num_actions, 0.01, key=actor_key)
-            self.critic = Dense(512, 1, 1.0, key=critic_key)
+            self.torso = NatureCNN(obs_shape, init=init, key=torso_key)
+            self.actor = Dense(512, num_actions, 0.01, init=init, key=actor_key)
+            self.critic = Dense(512, 1, 1.0, init=init, key=critic_key)
         elif kind == "vector" and len(obs_shape) == 1:
             self.torso = None
-            self.actor = MLP((obs_shape[0], 64, 64, num_actions), 0.01, key=actor_key)
-            self.critic = MLP((obs_shape[0], 64, 64, 1), 1.0, key=critic_key)
+            self.actor = MLP((obs_shape[0], 64, 64, num_actions), 0.01, init=init, key=actor_key)
+            self.critic = MLP((obs_shape[0], 64, 64, 1), 1.0, init=init, key=critic_key)
         elif kind == "grid" and len(obs_shape) == 3:
             self.torso = None
             width = math.prod(obs_shape)
-            self.actor = MLP((width, GRID_HIDDEN, GRID_HIDDEN, num_actions), 0.01, activation="relu", key=actor_key)
-            self.critic = MLP((width, GRID_HIDDEN, GRID_HIDDEN, 1), 1.0, activation="relu", key=critic_key)
+            sizes = (width, GRID_HIDDEN, GRID_HIDDEN)
+            self.actor = MLP((*sizes, num_actions), 0.01, activation="relu", init=init, key=actor_key)
+            self.critic = MLP((*sizes, 1), 1.0, activation="relu", init=init, key=critic_key)
         else:
             raise ValueError(
                 f"observation shape {obs_shape} (kind {kind!r}) is neither [C, H, W] frames, a flat vector nor an "

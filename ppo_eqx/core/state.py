@@ -10,7 +10,7 @@ from ..hyperparameters import AgentHyperparameters, Sizes
 from ._types import EpisodeStats
 from .collect import Carry
 from .envs import EnvSpec
-from .networks import ActorCritic, ConvRoute
+from .networks import ActorCritic, ConvRoute, NetworkInit
 from .rollout import init_episode_stats
 from .update import make_optimizer
 
@@ -57,16 +57,20 @@ def init_agents(
     num_envs: int,
     sizes: Sizes,
     conv_impl: ConvRoute,
+    network_init: NetworkInit = "cleanrl",
 ) -> Checkpoint:
     """A fresh run's model, optimizer state, key and episode statistics (as ``envs``), at iteration 0: agent k's
-    from ``PRNGKey(seeds[k])`` and its ``hyperparameters``, each stacked over a leading ``A`` axis when
-    ``sizes.num_agents`` > 1 (``eqx.filter_vmap`` over the agents); one agent's, unstacked, otherwise."""
+    from ``PRNGKey(seeds[k])`` and its ``hyperparameters``, the model's layers started as ``network_init`` says,
+    each stacked over a leading ``A`` axis when ``sizes.num_agents`` > 1 (``eqx.filter_vmap`` over the agents);
+    one agent's, unstacked, otherwise."""
 
     def init(
         seed: int | Int[Array, ""], agent: AgentHyperparameters
     ) -> tuple[ActorCritic, PyTree, Array, EpisodeStats]:
         key, model_key = jax.random.split(jax.random.PRNGKey(seed))
-        model = ActorCritic(spec.obs_shape, spec.num_actions, kind=spec.kind, conv_impl=conv_impl, key=model_key)
+        model = ActorCritic(
+            spec.obs_shape, spec.num_actions, kind=spec.kind, conv_impl=conv_impl, init=network_init, key=model_key
+        )
         opt_state = make_optimizer(agent, sizes).init(eqx.filter(model, eqx.is_array))
         return model, opt_state, key, init_episode_stats(num_envs)
 

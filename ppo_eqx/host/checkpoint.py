@@ -14,7 +14,7 @@ import io
 import json
 import re
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import equinox as eqx
 import jax
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from ..config import PPOConfig
 from ..core.envs import EnvBackend, EnvSpec, backend
 from ..core.iteration import all_finite
-from ..core.networks import ConvRoute
+from ..core.networks import ConvRoute, NetworkInit
 from ..core.state import Checkpoint, init_agents
 from ..errors import CheckpointError, ConfigError
 from .pools import EnvShare, make_collector, pool_env_seeds
@@ -53,6 +53,7 @@ def fresh_agents(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> C
         num_envs=config.num_envs,
         sizes=config.sizes,
         conv_impl=conv_impl,
+        network_init=cast(NetworkInit, config.network_init),  # validate() allows only NETWORK_INITS
     )
 
 
