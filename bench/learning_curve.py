@@ -265,7 +265,8 @@ def curve_data(
         "cleanrl_10m_return": cleanrl_10m,
         "published_return": published,
         "eval_mean_return": None if evals is None else float(sum(e["mean_return"] for e in evals) / len(evals)),
-        "hyperparameters_text": "gymnax-blines' hyperparameters" if published else "CleanRL's hyperparameters",
+        "hyperparameters_text": ("gymnax-blines' hyperparameters" if published else "CleanRL's hyperparameters")
+        + ("" if saved_setting(config, "network_init") == "cleanrl" else ", gymnax-blines' initialisation"),
         "wall_seconds": max(run.final_seconds for run in runs),  # the agents trained together, in one program
         "hardware": hardware,
         "hardware_text": describe_hardware(hardware),

@@ -249,6 +249,7 @@ def test_network_init_is_passed_on_recorded_and_a_run_saved_before_it_counts_as_
     assert lc.main(["--plot-only", *flags]) == 0
     data = json.loads((tmp_path / "lc.json").read_text())
     assert "--network-init gymnax-blines" in data["command"] and "--network-init gymnax-blines" in data["train_command"]
+    assert data["hyperparameters_text"] == "CleanRL's hyperparameters, gymnax-blines' initialisation"
     assert lc.main(flags) == 1  # the flags ask for another run: refused
     # A config saved before network_init existed: CleanRL's start, the default; no flag in its commands.
     old = make_run(tmp_path)
@@ -259,6 +260,7 @@ def test_network_init_is_passed_on_recorded_and_a_run_saved_before_it_counts_as_
     assert lc.saved_setting(json.loads((old / "seeds.json").read_text()), "network_init") == "cleanrl"
     assert lc.main(["--plot-only", "--run-dir", str(old), "--out", str(tmp_path / "old")]) == 0
     assert "--network-init" not in (tmp_path / "old.json").read_text()
+    assert json.loads((tmp_path / "old.json").read_text())["hyperparameters_text"] == "CleanRL's hyperparameters"
 
 
 @pytest.mark.subprocess
