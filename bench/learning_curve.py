@@ -400,8 +400,9 @@ def _read_eval(path: Path) -> dict[str, Any] | None:
 
 
 def saved_setting(config: dict[str, Any], name: str) -> Any:
-    """A setting of a saved config; a run saved before ``network_init`` existed started as CleanRL's."""
-    return config.get(name, DEFAULTS["network_init"] if name == "network_init" else None)
+    """A setting of a saved config; a field it lacks (saved before the field existed, as ``network_init``) has
+    PPOConfig's default, as ``PPOConfig.from_dict`` reads it."""
+    return config.get(name, getattr(PPOConfig(), name))
 
 
 def _check_matches(config: dict[str, Any], args: argparse.Namespace) -> None:

@@ -48,7 +48,6 @@ NetworkInit = Literal["cleanrl", "gymnax-blines"]
 times the layer's gain, zero biases. ``"gymnax-blines"``: as gymnax-blines' flax agents start, flax's default
 kernels (LeCun normal: variance 1 / fan-in, truncated at two standard deviations) and biases uniform in
 ``[0, GYMNAX_BLINES_BIAS_HIGH)``; the gains play no part."""
-NETWORK_INITS: tuple[str, ...] = get_args(NetworkInit)
 GYMNAX_BLINES_BIAS_HIGH = 0.05
 
 
