@@ -4,7 +4,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +14,7 @@ from ..core._types import EpisodeStats
 from ..core.envs import backend, derived_seeds
 from ..core.networks import ActorCritic
 from ..core.rollout import RolloutCarry, init_episode_stats, sample_actions, update_episode_stats
+from .compiled import own_jit
 
 EVAL_STREAM = 2**32 - 1
 """Second word of the SeedSequence entropy of evaluation envs; training's segments use the iteration there."""
@@ -68,7 +68,6 @@ def evaluate(
     quotas = episode_quotas(episodes, num_envs)
     pool = backend(config.env_backend).make(config.env_id, eval_env_seeds(seed, num_envs), render=on_frame is not None)
 
-    @eqx.filter_jit
     def act(model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Any, EpisodeStats]:
         logits, _ = model(carry.obs)
         if greedy:
@@ -79,6 +78,7 @@ def evaluate(
         stats = update_episode_stats(carry.stats, out)
         return RolloutCarry(handle, out.obs, stats), out.game_over, stats
 
+    act = own_jit(act)  # freed with this call, and the pool with it: its results are read below, synchronously
     carry = RolloutCarry(pool.handle, jnp.asarray(pool.first_obs), init_episode_stats(num_envs))
     finished: list[list[tuple[float, int]]] = [[] for _ in range(num_envs)]
     recording = on_frame is not None

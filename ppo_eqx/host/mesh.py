@@ -23,6 +23,7 @@ from ..core.sharded import replicate, shard_batch, sharded_update
 from ..core.state import Checkpoint, TrainState
 from ..errors import ConfigError
 from ..hyperparameters import AgentHyperparameters, Sizes
+from .compiled import own_jit
 from .pools import EnvShare
 
 
@@ -195,9 +196,7 @@ class _MeshProgram:
             return collect(model, carry, key, hyperparameters, collector=collector)
 
         self.placement, self.collector = placement, collector
-        self._collect = eqx.filter_jit(
-            eqx.debug.assert_max_traces(collect_local, max_traces=1), donate="all-except-first"
-        )
+        self._collect = own_jit(collect_local, donate="all-except-first")
         self._iteration = compose(self._collect_stage, placement.learn, every_process_stats)
 
     def _collect_stage(self, state: TrainState) -> Collected:
@@ -212,5 +211,5 @@ class _MeshProgram:
 
     def compile(self, state: TrainState) -> None:
         model_and_hyperparameters = (local(state.model), local(state.hyperparameters))
-        self._collect.lower(model_and_hyperparameters, state.carry, state.key).compile()  # pyright: ignore
+        self._collect.lower(model_and_hyperparameters, state.carry, state.key).compile()
         self.placement.compile_learn(state)

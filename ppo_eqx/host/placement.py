@@ -5,7 +5,6 @@ iteration (or a chunk of iterations) as one jitted program on the default device
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-import equinox as eqx
 import jax.numpy as jnp
 
 from ..config import PPOConfig
@@ -16,6 +15,7 @@ from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, TrainState
 from ..hyperparameters import AgentHyperparameters, Sizes
 from .checkpoint import fresh_agents
+from .compiled import own_jit
 from .pools import EnvShare
 
 
@@ -47,7 +47,7 @@ class Placement(Protocol):
 
 class _Jitted:
     """The iteration (or, with ``sizes.iterations_per_dispatch`` K > 1, a chunk of up to K iterations:
-    ``over_iterations``) and the priming of one segment, each one ``eqx.filter_jit`` traced at most once."""
+    ``over_iterations``) and the priming of one segment, each a program of its own (``own_jit``) traced at most once."""
 
     def __init__(self, collector: Collector, sizes: Sizes):
         self.length = sizes.iterations_per_dispatch
@@ -55,9 +55,8 @@ class _Jitted:
         run: Callable[..., tuple[TrainState, Metrics]] = (
             iteration if self.length == 1 else over_iterations(iteration, self.length)
         )
-        prime = eqx.debug.assert_max_traces(make_prime(collector, sizes), max_traces=1)
-        self._run = eqx.filter_jit(eqx.debug.assert_max_traces(run, max_traces=1), donate="all")
-        self._prime = eqx.filter_jit(prime, donate="all")
+        self._run = own_jit(run, donate="all")
+        self._prime = own_jit(make_prime(collector, sizes), donate="all")
 
     def _args(self, state: TrainState, count: int) -> tuple:
         return (state,) if self.length == 1 else (state, jnp.asarray(count, jnp.int32))
@@ -69,8 +68,8 @@ class _Jitted:
         return self._prime(state)
 
     def compile(self, state: TrainState) -> None:
-        self._prime.lower(state).compile()  # pyright: ignore[reportFunctionMemberAccess]
-        self._run.lower(*self._args(state, 1)).compile()  # pyright: ignore[reportFunctionMemberAccess]
+        self._prime.lower(state).compile()
+        self._run.lower(*self._args(state, 1)).compile()
 
 
 class OneDevice:

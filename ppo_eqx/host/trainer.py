@@ -13,6 +13,7 @@ With ``config.num_agents`` A > 1 the program trains A independent agents (``num_
 """
 
 import concurrent.futures
+import contextlib
 import time
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -176,6 +177,9 @@ class Trainer:
         old, self._segment, self._next = self._segment, segment, None
         carry = segment.collector.restore(old.collector.save(self.state.carry))
         self.state = segment.program.prime(eqx.tree_at(lambda s: s.carry, self.state, carry))
+        # The old envs' last steps may still run (dispatch is asynchronous) and their program reads the pool's
+        # memory: it is freed with ``old``, so not before they are done.
+        jax.block_until_ready(self.state)
         old.pool.close()
         self._prepare_after(iteration)
 
@@ -184,7 +188,10 @@ class Trainer:
         return self.placement.checkpoint(self.state, self._segment.collector)
 
     def close(self) -> None:
-        """Stop preparing envs (waiting for a compile under way) and let the worker thread go."""
+        """Wait for the program under way (it steps this trainer's envs, which go with it), stop preparing envs
+        (waiting for a compile under way) and let the worker thread go."""
+        with contextlib.suppress(RuntimeError):  # a state whose arrays a failed dispatch donated
+            jax.block_until_ready(self.state)
         if self._next is not None:
             self._next.cancel()
             self._next = None
