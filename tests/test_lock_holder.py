@@ -1,5 +1,6 @@
 """The holder that a refused process names (``host.ownership``): the process that holds the lock now, not the
-earlier holder whose record is still in the lock file in the moment between the new holder's lock and its write."""
+earlier holder whose record is still in the lock file in the moment between the new holder's lock and its write.
+The lock is on the run directory itself; the lock file only names the holder."""
 
 import fcntl
 import json
@@ -28,13 +29,12 @@ def test_a_dead_holders_record_is_waited_past_until_the_new_holder_writes_its_ow
     dead_pid = int(dead.stdout)
     (tmp_path / LOCK).write_text(record(dead_pid) + "\n")  # what a finished run left
     # The new holder has locked but not yet written: it writes 0.3 s later.
-    holder_fd = os.open(tmp_path / LOCK, os.O_RDWR)
+    holder_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(holder_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     def write_own_record() -> None:
         time.sleep(0.3)
-        os.ftruncate(holder_fd, 0)
-        os.pwrite(holder_fd, (record(os.getpid()) + "\n").encode(), 0)
+        (tmp_path / LOCK).write_text(record(os.getpid()) + "\n")
 
     writer = threading.Thread(target=write_own_record)
     writer.start()
@@ -50,7 +50,7 @@ def test_a_dead_holders_record_is_waited_past_until_the_new_holder_writes_its_ow
 
 def test_a_live_holders_record_is_named_at_once(tmp_path: Path) -> None:
     (tmp_path / LOCK).write_text(record(os.getpid()) + "\n")
-    holder_fd = os.open(tmp_path / LOCK, os.O_RDWR)
+    holder_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(holder_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
         with pytest.raises(RunDirError, match=f"in use by pid {os.getpid()} on host"):

@@ -3,9 +3,13 @@ with a one-line ``UsageError``."""
 
 import argparse
 import importlib
+import math
+from pathlib import Path
+
+import numpy as np
 
 from ..config import PPOConfig
-from ..core.envs import backend
+from ..core.envs import EnvSpec, backend
 from ..core.networks import ConvRoute
 from ..errors import UsageError
 from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
@@ -63,3 +67,48 @@ def conv_route(config: PPOConfig) -> ConvRoute:
             raise UsageError(f"--conv-impl kernel: {reason}; use --conv-impl auto or matmul")
     spec = backend(config.env_backend).spec(config.env_id)
     return resolve_conv_impl_for(config.conv_impl, spec)  # type: ignore[arg-type]  # validated by PPOConfig
+
+
+BATCH_BYTES_BESIDE_OBS = 4 + 4 + 4 + 4 + 1 + 4 + 4
+"""Bytes of one transition of the batch besides its observation: action (int32), log-probability, value, reward
+(float32), done (bool), advantage and return (float32)."""
+MEMINFO = Path("/proc/meminfo")
+
+
+def batch_bytes(config: PPOConfig, spec: EnvSpec) -> int:
+    """Bytes of one iteration's batch, every agent's: a lower bound of what the compiled program holds at once."""
+    obs = math.prod(spec.obs_shape) * np.dtype(spec.obs_dtype).itemsize
+    return config.num_agents * config.batch_size * (obs + BATCH_BYTES_BESIDE_OBS)
+
+
+def device_memory() -> tuple[int, str] | None:
+    """The bytes the default device can hold now and what they are, in words: a GPU's limit, or on the CPU the
+    memory this machine has available (``/proc/meminfo``); None where neither is known."""
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform != "cpu":
+        limit = (device.memory_stats() or {}).get("bytes_limit")
+        return (int(limit), f"the {device.device_kind}'s memory") if limit else None
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024, "the memory available on this machine"
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(config: PPOConfig, spec: EnvSpec, *, devices: int = 1) -> None:
+    """UsageError when one iteration's batch alone (``batch_bytes``, split over ``devices``) is more than a device
+    can hold: such a run would pass every other check, write its run directory, then die in XLA's allocator."""
+    available = device_memory()
+    needed = batch_bytes(config, spec) // devices
+    if available is None or needed <= available[0]:
+        return
+    agents = f" x {config.num_agents} agents" if config.num_agents > 1 else ""
+    size = f"num_envs={config.num_envs} x num_steps={config.num_steps}{agents}"
+    raise UsageError(
+        f"{size}: one iteration's batch alone is {needed / 2**30:,.1f} GiB, more than the {available[0] / 2**30:,.1f} "
+        f"GiB of {available[1].removeprefix('the ')}; allowed: a smaller num_envs * num_steps"
+    )

@@ -143,3 +143,75 @@ def restore_xla_flags(flags: str | None) -> None:
         os.environ["XLA_FLAGS"] = flags
     else:
         os.environ.pop("XLA_FLAGS", None)
+
+
+RESULT_VARIABLES = (
+    "JAX_ENABLE_X64",
+    "JAX_DEFAULT_MATMUL_PRECISION",
+    "JAX_DEFAULT_PRNG_IMPL",
+    "JAX_THREEFRY_PARTITIONABLE",
+    "XLA_FLAGS",
+)
+"""Environment variables that change what a run computes (its dtypes, its products' precision, its random
+numbers, XLA's code): recorded in ``hardware.json`` as the run's ``environment``, and a resume under other values
+is refused (``check_same_environment``)."""
+REFUSED_SETTINGS = {
+    "jax_debug_nans": (
+        "JAX_DEBUG_NANS",
+        "stops at the first NaN any computation makes, and ppo-eqx marks 'no episode finished yet' with NaN by "
+        "design; unset it (ppo-eqx itself stops at a NaN or infinite loss or parameters, naming the iteration)",
+    ),
+    "jax_disable_jit": (
+        "JAX_DISABLE_JIT",
+        "runs every operation alone, and ppo-eqx's iteration is one compiled program (EnvPool's step is an XLA "
+        "call inside it); unset it",
+    ),
+}
+"""jax settings that ppo-eqx cannot run under: the environment variable that sets each, and why."""
+
+
+def results_environment(xla_flags: str | None) -> dict[str, str | None]:
+    """The values of ``RESULT_VARIABLES`` in this process (None: unset), ``XLA_FLAGS`` as the user set it
+    (``xla_flags``: before ppo-eqx added its own scheduling flag, ``schedule_small_programs``)."""
+    values = {name: os.environ.get(name) for name in RESULT_VARIABLES}
+    values["XLA_FLAGS"] = xla_flags or None
+    return values
+
+
+def check_jax_settings() -> None:
+    """UsageError naming the variable when jax runs with a setting ppo-eqx cannot train or play under
+    (``REFUSED_SETTINGS``); jax reads them from the environment when it is imported."""
+    import jax
+
+    for setting, (variable, why) in REFUSED_SETTINGS.items():
+        if getattr(jax.config, setting):
+            value = os.environ.get(variable)
+            where = f"{variable}={value!r}" if value is not None else f"jax.config.{setting}=True"
+            raise UsageError(f"{where} {why}")
+
+
+_TRUE = ("1", "true", "t", "yes", "y", "on")
+
+
+def _meaning(name: str, value: str | None) -> str | None:
+    """What a variable's value means to jax: a flag's truth (``1`` and ``true`` alike), else the text itself."""
+    if name in ("JAX_ENABLE_X64", "JAX_THREEFRY_PARTITIONABLE"):
+        return None if value is None else str(value.strip().lower() in _TRUE)
+    return value.strip() or None if value is not None else None
+
+
+def check_same_environment(run_dir: Any, recorded: dict[str, Any] | None, now: dict[str, str | None]) -> None:
+    """UsageError when this process's ``RESULT_VARIABLES`` differ from those the run in ``run_dir`` was trained
+    under (``recorded``, from its ``hardware.json``; None for a run of an earlier ppo-eqx: nothing to compare)."""
+    if not isinstance(recorded, dict):
+        return
+    for name in RESULT_VARIABLES:
+        before, after = recorded.get(name), now.get(name)
+        if _meaning(name, before) != _meaning(name, after):
+            was = "unset" if before is None else f"{name}={before!r}"
+            is_now = "unset" if after is None else f"{name}={after!r}"
+            advice = f"unset {name}" if before is None else f"set {name}={before!r}"
+            raise UsageError(
+                f"--resume {run_dir} was trained with {was} and this process has {is_now}, which changes what it "
+                f"computes; {advice} to resume it"
+            )

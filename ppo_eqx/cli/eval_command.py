@@ -14,16 +14,20 @@ from ..errors import RunError, UsageError
 from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint
 from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
 from ..host.evaluate import VIDEO_FORMATS, Evaluation, VideoWriter, eval_key, evaluate, summarise
+from ..host.ownership import is_eval_result
 from ..host.rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, write_json
 from .checks import require
-from .environment import XlaFlagsProbe, check_backend
+from .environment import XlaFlagsProbe, check_backend, check_jax_settings
 from .interrupts import EARLY
 
 
 def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -> int:
     """Check the backend, the checkpoint and both output paths, then play, then write ``eval.json`` (or
     ``--output``)."""
-    check_backend(probe or XlaFlagsProbe())
+    probe = probe or XlaFlagsProbe()
+    probe.check()
+    check_jax_settings()
+    check_backend(probe)
     agent = _agent_of(args.path)
     # Read whole at once: a run in training prunes its older checkpoints (read_checkpoint takes the next newest).
     checkpoint = read_checkpoint(args.path if agent is None else agent[0])
@@ -31,6 +35,8 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
     run_dir = path.parent.parent if agent is None else args.path
     output = args.output or run_dir / EVAL
     check_output("--output", output, run_dir)
+    if args.output is None and output.exists() and not is_eval_result(output):
+        raise UsageError(f"{output} is not a result of ppo-eqx eval, and eval keeps it; pass --output for another file")
     if args.video is not None:
         _check_video(args.video, run_dir, output)
     model, config, spec = _load_agent(checkpoint, args.env_backend, None if agent is None else agent[1])

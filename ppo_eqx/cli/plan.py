@@ -12,7 +12,7 @@ from ..config import PPOConfig, flag
 from ..core.envs import backend
 from ..errors import ConfigError, RunDirError, UsageError
 from ..host.checkpoint import CheckpointFile, check_same_run, read_checkpoint
-from ..host.ownership import owned_agents
+from ..host.ownership import has_run, look_alikes, never_trained, owned_agents, read_manifest
 from ..host.rundir import CONFIG, METRICS, SEEDS_CONFIG, agent_dirs, check_new_run_dir, checked_metrics, holds_run
 
 
@@ -23,6 +23,8 @@ class Plan(NamedTuple):
     run_dir: Path
     resume: CheckpointFile | None = None
     """The newest checkpoint, read and checked, when resuming."""
+    environment: dict[str, str | None] | None = None
+    """The environment variables that change what it computes (``environment.RESULT_VARIABLES``), as set here."""
 
     @property
     def start_iteration(self) -> int:
@@ -65,14 +67,22 @@ def plan_new(args: argparse.Namespace) -> Plan:
 
 def check_run_dirs(plan: Plan, overwrite: bool) -> None:
     """Every directory a new run writes may be written (nothing is written or created here): not an agent's
-    directory of another run, and with ``overwrite`` no agent's directory holding a run that the old run in
-    ``plan.run_dir`` did not write (``--overwrite`` deletes only the old run's)."""
+    directory of another run; nothing in it named as a run's files that a run of ppo-eqx there did not write
+    (``look_alikes``); a run there only with ``overwrite`` (or one that never trained: a plain retry); and with
+    ``overwrite`` no agent's directory holding a run that the old run did not write (``--overwrite`` deletes only
+    the old run's)."""
     run_dir = plan.run_dir
     check_new_run_dir(run_dir, overwrite)
     for parent in run_dir.absolute().parents:
         if holds_run(parent) and any(run_dir.absolute().is_relative_to(a) for a in owned_agents(parent)):
             raise RunDirError(f"--run-dir {run_dir} is an agent's directory of the run in {parent}; allowed: a path "
                               "of its own")  # fmt: skip
+    _refuse_look_alikes(run_dir, run_dir)
+    if has_run(run_dir) and not overwrite and not never_trained(run_dir):
+        raise RunDirError(
+            f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it "
+            f"or --resume {run_dir} to continue it"
+        )
     owned = owned_agents(run_dir) if overwrite else set()
     for agent_dir in plan.agent_dirs if plan.config.num_agents > 1 else []:
         if overwrite and agent_dir not in owned and holds_run(agent_dir):
@@ -81,6 +91,19 @@ def check_run_dirs(plan: Plan, overwrite: bool) -> None:
                 "it, or pick another --run-dir"
             )
         check_new_run_dir(agent_dir, overwrite)
+        _refuse_look_alikes(run_dir, agent_dir)
+
+
+def _refuse_look_alikes(run_dir: Path, directory: Path) -> None:
+    found = [
+        os.path.join(os.path.relpath(directory, run_dir), name).removeprefix("./") for name in look_alikes(directory)
+    ]
+    if found:
+        shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+        raise RunDirError(
+            f"--run-dir {run_dir} holds {shown}: named as a run's files, but no run of ppo-eqx there wrote them, "
+            "and a run would write over them; move them, or pick another --run-dir"
+        )
 
 
 def plan_resume(args: argparse.Namespace) -> Plan:
@@ -98,6 +121,7 @@ def plan_resume(args: argparse.Namespace) -> Plan:
         raise UsageError("--resume RUN_DIR is the run directory; drop --run-dir")
     if not run_dir.is_dir():
         raise UsageError(f"--resume {run_dir}: no such run directory")
+    read_manifest(run_dir)  # a damaged manifest is refused before the run is taken, as --overwrite refuses it
     config = _saved_config(run_dir)
     backend(config.env_backend).spec(config.env_id)
     if args.track and config.num_agents > 1:

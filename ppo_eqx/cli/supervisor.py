@@ -24,7 +24,7 @@ from ..errors import NonFiniteError, RunError
 from ..host.checkpoint import checkpoint_name, save_checkpoint
 from ..host.loop import run_seeds
 from ..host.mesh import MeshPlacement, any_process
-from ..host.ownership import Manifest
+from ..host.ownership import Manifest, never_trained
 from ..host.rundir import CHECKPOINT_DIR, METRICS, SUMMARY, truncate_metrics
 from ..host.trainer import Trainer
 from .hardware import hardware_info
@@ -96,6 +96,8 @@ class Supervisor:
                 self._open()
                 self._loop()
                 return self._end()
+            except jax.errors.JaxRuntimeError as error:  # out of memory, a device lost: XLA's own, many lines
+                raise RunError(f"{(str(error).splitlines() or [type(error).__name__])[0]}; {self._kept()}") from None
             except KeyboardInterrupt:
                 raise RunError(
                     f"interrupted twice, stopped at once; continue from {self.last_checkpoint} with: "
@@ -136,6 +138,7 @@ class Supervisor:
             self.say(f"ppo-eqx: resuming {plan.run_dir} from {plan.resume.path.name} ({kept} rows of metrics kept)")
         devices = "" if self.mesh is None else f" ({self.mesh.size} devices, {jax.process_count()} processes)"
         hardware = hardware_info(self.conv_impl)  # with the route the convolutions take here
+        hardware["environment"] = plan.environment
         self.say(
             f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps"
             f"{_agents(config)}, "
@@ -195,11 +198,8 @@ class Supervisor:
                     break
         except NonFiniteError as error:
             self._write(error.records)
-            kept = (
-                f"the last good checkpoint is {self.last_checkpoint}"
-                if self.last_checkpoint
-                else "no checkpoint was kept"
-            )
+            # Resuming would compute the same NaN again: the way on is another setting, so no "--resume" here.
+            kept = f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else self._kept()
             raise FloatingPointError(f"{error}; {kept}") from None
         finally:
             bar.close()
@@ -223,11 +223,16 @@ class Supervisor:
             raise RunError(f"a writer of {self.plan.run_dir} failed: {reason}; {self._kept()}")
 
     def _kept(self) -> str:
-        return (
-            f"the last checkpoint {self.last_checkpoint} is intact"
-            if self.last_checkpoint
-            else "no checkpoint was kept"
-        )
+        """What a fault leaves, and how to go on from it: ``--resume`` from the last checkpoint, or, where none was
+        written, the same command again (nothing was trained) or ``--overwrite`` (metrics without a checkpoint)."""
+        run_dir = self.plan.run_dir
+        if self.last_checkpoint:
+            return (
+                f"the last checkpoint {self.last_checkpoint} is intact; continue with: ppo-eqx train --resume {run_dir}"
+            )
+        if not self.writes or never_trained(run_dir):
+            return "no checkpoint was written and nothing was kept: run the same command again"
+        return f"no checkpoint was written: start the run afresh with --overwrite (its metrics in {run_dir} go with it)"
 
     def _show(self, bar: Any, records: list[dict[str, Any]]) -> None:
         # Progress counts every agent's steps; the return shown is the mean over agents.

@@ -6,6 +6,7 @@ lifecycle (writers, trainer, signals, checkpoints, the end). Imported by ``main`
 """
 
 import argparse
+import json
 from pathlib import Path
 
 import jax
@@ -18,10 +19,25 @@ from ..core.state import Checkpoint
 from ..errors import RunDirError, RunError, UsageError
 from ..host.checkpoint import load_checkpoint
 from ..host.mesh import any_process, check_mesh_config
-from ..host.ownership import Manifest, RunLock, adopt_legacy_run, clear_run, read_manifest, refuse_if_held
-from ..host.rundir import SEEDS_CONFIG, claim_new_dir, free_name, holds_run, make_dirs, write_json
-from .checks import check_addresses, check_wandb_names, conv_route, require
-from .environment import XlaFlagsProbe, check_backend
+from ..host.ownership import (
+    Manifest,
+    RunLock,
+    adopt_legacy_run,
+    clear_run,
+    has_run,
+    never_trained,
+    read_manifest,
+    refuse_if_held,
+)
+from ..host.rundir import HARDWARE, SEEDS_CONFIG, claim_new_dir, free_name, make_dirs, write_json
+from .checks import check_addresses, check_memory, check_wandb_names, conv_route, require
+from .environment import (
+    XlaFlagsProbe,
+    check_backend,
+    check_jax_settings,
+    check_same_environment,
+    results_environment,
+)
 from .interrupts import EARLY
 from .plan import Plan, check_run_dirs, plan_new, plan_resume
 from .supervisor import Supervisor
@@ -62,11 +78,17 @@ def start_processes(args: argparse.Namespace, probe: XlaFlagsProbe) -> Mesh | No
 def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -> int:
     """Check everything, then take the run directory, then train."""
     probe = probe or XlaFlagsProbe()
+    # XLA_FLAGS first: a backend that planning makes (gymnax's spec computes) would end the process on a bad flag.
+    probe.check()
+    check_jax_settings()
+    environment = results_environment(probe.flags)
     if args.track:
         require("wandb", "--track needs Weights & Biases: pip install wandb")
         check_wandb_names(args)
     check_addresses(args)
-    plan = plan_resume(args) if args.resume is not None else plan_new(args)
+    plan = (plan_resume(args) if args.resume is not None else plan_new(args))._replace(environment=environment)
+    if plan.resume is not None:
+        check_same_environment(plan.run_dir, _recorded_environment(plan), environment)
     one_process = not (args.distributed or args.coordinator_address)
     if plan.resume is None and one_process:  # several: process 0 checks once all have joined (below)
         if args.run_dir is not None:
@@ -82,10 +104,12 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
         lock = RunLock.take(plan.run_dir, "ppo-eqx train --resume")
     try:
         if lock is not None:
-            plan = plan_resume(args)
+            plan = plan_resume(args)._replace(environment=environment)
         if _finished(plan):
             return 0
         mesh = start_processes(args, probe)
+        spec = backend(plan.config.env_backend).spec(plan.config.env_id)
+        check_memory(plan.config, spec, devices=1 if mesh is None else mesh.size)
         route = conv_route(plan.config)
         if mesh is not None:
             check_mesh_config(plan.config, mesh)
@@ -113,6 +137,14 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
             lock.release()
 
 
+def _recorded_environment(plan: Plan) -> dict | None:
+    """The environment the run to resume was trained under (its first agent's ``hardware.json``), if recorded."""
+    try:
+        return json.loads((plan.agent_dirs[0] / HARDWARE).read_text()).get("environment")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _finished(plan: Plan) -> bool:
     """Whether the run to resume has trained all its iterations (then it says so)."""
     if plan.start_iteration < plan.config.num_iterations:
@@ -137,8 +169,8 @@ def _take_run_dir(plan: Plan, args: argparse.Namespace) -> tuple[Plan, RunLock]:
     try:
         plan = plan._replace(run_dir=run_dir)
         check_run_dirs(plan, args.overwrite)
-        if args.overwrite and (holds_run(run_dir) or read_manifest(run_dir)):
-            _overwrite(run_dir)
+        if has_run(run_dir) and (args.overwrite or never_trained(run_dir)):
+            _overwrite(run_dir, "--overwrite" if args.overwrite else None)
         if plan.config.num_agents > 1:
             _make_agent_dirs(plan)
     except BaseException:
@@ -147,10 +179,13 @@ def _take_run_dir(plan: Plan, args: argparse.Namespace) -> tuple[Plan, RunLock]:
     return plan, lock
 
 
-def _overwrite(run_dir: Path) -> None:
-    """Delete what the old run in ``run_dir`` wrote and say, in one line, what was kept."""
+def _overwrite(run_dir: Path, flag: str | None) -> None:
+    """Delete what the old run in ``run_dir`` wrote and say, in a line each, what was deleted and what kept.
+    ``flag`` None: a plain retry of a run that stopped before anything of it could be kept."""
     listed = read_manifest(run_dir) is not None
-    kept = clear_run(run_dir)
+    cleared = clear_run(run_dir)
+    if flag is None:
+        print(f"ppo-eqx: {run_dir} held a run that stopped before its first iteration; starting it afresh", flush=True)
     if not listed:
         print(
             f"ppo-eqx: {run_dir} holds no list of what its run wrote (an earlier ppo-eqx wrote it): --overwrite "
@@ -158,8 +193,11 @@ def _overwrite(run_dir: Path) -> None:
             "directories that its seeds.json names",
             flush=True,
         )
-    if kept:
-        print(f"ppo-eqx: --overwrite kept what the old run did not write: {', '.join(kept)}", flush=True)
+    who = flag or "the retry"
+    if cleared.deleted:
+        print(f"ppo-eqx: {who} deleted what the old run wrote: {', '.join(cleared.deleted)}", flush=True)
+    if cleared.kept:
+        print(f"ppo-eqx: {who} kept what the old run did not write: {', '.join(cleared.kept)}", flush=True)
 
 
 def _make_agent_dirs(plan: Plan) -> None:

@@ -103,6 +103,11 @@ def save_checkpoint(
     """Write ``checkpoint`` as ``run_dir/checkpoints/iter_NNNNNN.{eqx,json}``, then delete all but the ``keep``
     newest. Returns the ``.json`` path. Refuses (FloatingPointError) a model or optimizer state with NaN or inf.
     """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(
+            f"keep={keep!r}; allowed: an integer >= 1 (the newest checkpoints to keep, this one among them)"
+        )
+    _check_fits(checkpoint, config, spec)
     if not bool(all_finite((checkpoint.model, checkpoint.opt_state))):
         raise FloatingPointError(f"refusing to checkpoint non-finite parameters at iteration {checkpoint.iteration}")
     iteration = int(checkpoint.iteration)
@@ -130,6 +135,23 @@ def save_checkpoint(
     write_atomic(path, json_bytes(metadata))
     _prune(run_dir, keep)
     return path
+
+
+def _shapes(tree: Any) -> tuple[Any, list[tuple[tuple[int, ...], Any]]]:
+    """The structure of ``tree``'s arrays (or shape-dtype structs) and each one's shape and dtype."""
+    leaves, structure = jax.tree.flatten(eqx.filter(tree, lambda x: hasattr(x, "shape") and hasattr(x, "dtype")))
+    return structure, [(tuple(leaf.shape), leaf.dtype) for leaf in leaves]
+
+
+def _check_fits(checkpoint: Checkpoint, config: PPOConfig, spec: EnvSpec) -> None:
+    """ValueError unless ``checkpoint``'s arrays are of the shapes and dtypes that ``config`` and ``spec`` give
+    (what ``load_checkpoint`` will check): its metadata would otherwise describe another run."""
+    like = eqx.filter_eval_shape(init_checkpoint, config, spec, conv_impl=checkpoint.model.conv_impl)
+    if _shapes(like) != _shapes(checkpoint):
+        raise ValueError(
+            f"the checkpoint's arrays do not fit {spec.env_id} (observations {spec.obs_shape}, {spec.num_actions} "
+            f"actions) with the sizes of config (env_id={config.env_id!r}); allowed: a checkpoint of this config's run"
+        )
 
 
 def _prune(run_dir: Path, keep: int) -> None:

@@ -4,6 +4,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,7 +12,7 @@ from jaxtyping import PRNGKeyArray
 
 from ..config import PPOConfig
 from ..core._types import EpisodeStats
-from ..core.envs import backend, derived_seeds
+from ..core.envs import EnvSpec, backend, derived_seeds
 from ..core.networks import ActorCritic
 from ..core.rollout import RolloutCarry, init_episode_stats, sample_actions, update_episode_stats
 from .compiled import own_jit
@@ -62,8 +63,9 @@ def evaluate(
     spent) or truncated, as training's ``episodic_return``. ``on_frame`` receives the screen
     (``[H, W, 3]`` uint8) before the first step and after every step of env 0's first game.
     """
-    if episodes < 1:
-        raise ValueError(f"episodes={episodes} must be at least 1")
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+        raise ValueError(f"episodes={episodes!r}; allowed: an integer >= 1")
+    check_plays(model, backend(config.env_backend).spec(config.env_id))
     num_envs = min(episodes, MAX_ENVS)
     quotas = episode_quotas(episodes, num_envs)
     pool = backend(config.env_backend).make(config.env_id, eval_env_seeds(seed, num_envs), render=on_frame is not None)
@@ -99,6 +101,21 @@ def evaluate(
     pool.close()
     games = [game for done in finished for game in done]
     return Evaluation([r for r, _ in games], [n for _, n in games])
+
+
+def check_plays(model: ActorCritic, spec: EnvSpec) -> None:
+    """ValueError unless ``model`` takes ``spec``'s observations and gives one logit per action of it (a model of
+    another env would play: an out-of-range action, or the first of too many, without a word)."""
+    if tuple(model.obs_shape) != tuple(spec.obs_shape):
+        raise ValueError(
+            f"the model takes observations {tuple(model.obs_shape)}; {spec.env_id} has observations {spec.obs_shape}"
+        )
+    logits, _ = eqx.filter_eval_shape(model, jax.ShapeDtypeStruct((1, *spec.obs_shape), spec.obs_dtype))
+    if logits.shape[-1] != spec.num_actions:
+        raise ValueError(
+            f"the model has {logits.shape[-1]} actions; {spec.env_id} has {spec.num_actions} actions: allowed, a model "
+            "of this env"
+        )
 
 
 def summarise(evaluation: Evaluation) -> dict[str, float]:

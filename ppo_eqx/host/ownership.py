@@ -2,11 +2,19 @@
 (``Manifest``), so that ``--overwrite`` deletes exactly that (``clear_run``) and nothing a user put beside it.
 No jax here: files only.
 
-The lock is ``fcntl.flock`` on ``RUN_DIR/.ppo-eqx.lock``, held for the life of the process that trains: the
-kernel releases it on every exit, SIGKILL included, so a dead holder never blocks the next run, whatever its lock
-file still says (the holder's pid, host and command, written there for the refusal's message only). The file is
-never deleted: a process waiting on a deleted lock file would lock a file that nobody else sees. On NFS, Linux
-emulates ``flock`` with byte-range locks (NLM), which hold across hosts when the server's lock manager runs.
+**The lock** is ``fcntl.flock`` on the run directory itself, held for the life of the process that trains: the
+kernel releases it on every exit, SIGKILL included, so a dead holder never blocks the next run. It is the
+directory's inode that is locked, which no file operation inside it can replace: deleting, renaming over or
+replacing ``.ppo-eqx.lock`` (which only names the holder: its pid, host and command, for the refusal's message)
+changes nothing. Where a file system cannot lock a directory (NFS emulates ``flock`` with byte-range locks, which
+need a file open for writing), the lock falls back to the lock file, checked after locking to be the file its path
+still names (a file replaced between the open and the lock is not locked).
+
+**The manifest** is read as untrusted input: every line must be one that ppo-eqx writes, ``[kind, path]`` with a
+path that a run writes (``rundir.written_name``: a run file, an event file, a checkpoint, an agent's directory, a
+setting's directory, ``wandb/``), never the directory itself, nothing outside it, nothing through a link. A damaged
+manifest is refused in one line (``ManifestError``) before anything is deleted or written; only a last line without
+its newline (a write that a kill cut short) is skipped.
 """
 
 import contextlib
@@ -17,28 +25,68 @@ import os
 import re
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Iterable
-from pathlib import Path
-from typing import Literal
+from pathlib import Path, PurePosixPath
+from typing import Literal, NamedTuple
 
-from ..config import PPOConfig
+from ..config import AGENT_PREFIX, PPOConfig
 from ..errors import ConfigError, RunDirError
 from .rundir import (
+    BOOKKEEPING,
     CHECKPOINT_DIR,
+    CONFIG,
+    EVAL,
+    LOCK,
+    MANIFEST,
+    METRICS,
     RUN_FILES,
     SEEDS_CONFIG,
     TENSORBOARD_GLOB,
+    WANDB_DIR,
     temporary_of,
     write_atomic,
+    written_checkpoint_name,
+    written_name,
 )
 
-LOCK = ".ppo-eqx.lock"
-MANIFEST = ".ppo-eqx-manifest.jsonl"
-OWN = (LOCK, MANIFEST)
-"""The run directory's bookkeeping: never deleted, never listed as the user's."""
+__all__ = ["LOCK", "MANIFEST"]  # re-exported: their names live in rundir with every other name a run writes
+
 HOLDER_WAIT_S = 2.0
 """How long a refused process waits for the holder to write who it is (it locks first, then writes)."""
+MAX_MANIFEST_BYTES = 64 * 2**20
+"""A manifest larger than this is not one ppo-eqx wrote (a run lists tens of entries, a sweep thousands)."""
+
+
+# --- the lock ---------------------------------------------------------------------------------------------------
+
+
+def _kind_of(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "directory"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISLNK(mode):
+        return "symbolic link"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file"
+
+
+def _open_regular(path: Path, flags: int) -> int:
+    """``path`` opened without following a link or blocking on a FIFO; RunDirError naming it when it is not a
+    regular file (a link to /dev/null, a FIFO, a directory)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise RunDirError(f"{path} is a {_kind_of(mode)}, not the file ppo-eqx keeps there; remove it and try again")
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as error:
+        raise RunDirError(f"cannot open {path}: {error.strerror}") from None
 
 
 def _gone(holder: dict) -> bool:
@@ -55,19 +103,72 @@ def _gone(holder: dict) -> bool:
     return False
 
 
-def _holder(fd: int) -> str:
-    """Who holds the lock whose file is open as ``fd``, in words, from what the holder wrote there."""
+def _read_holder(run_dir: Path) -> str:
+    with contextlib.suppress(OSError, RunDirError):
+        fd = _open_regular(run_dir / LOCK, os.O_RDONLY)
+        try:
+            return os.pread(fd, 4096, 0).decode(errors="replace")
+        finally:
+            os.close(fd)
+    return ""
+
+
+def _holder(run_dir: Path) -> str:
+    """Who holds ``run_dir``'s lock, in words, from what the holder wrote in its lock file."""
     deadline = time.monotonic() + HOLDER_WAIT_S
     while True:
-        text = os.pread(fd, 4096, 0).decode(errors="replace")
         try:
-            holder = json.loads(text)
+            holder = json.loads(_read_holder(run_dir))
             if not _gone(holder) or time.monotonic() > deadline:
                 return f"pid {holder['pid']} on host {holder['host']} ({holder['command']} since {holder['since']})"
         except (ValueError, KeyError, TypeError):
             if time.monotonic() > deadline:
-                return "another process (it wrote no name in its lock file)"
+                return "another process (its lock file names nobody)"
         time.sleep(0.02)
+
+
+_NO_DIRECTORY_LOCKS = (errno.EBADF, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP)
+"""What ``flock`` of a directory gives where the file system cannot lock one (NFS)."""
+
+
+def _lock_fd(run_dir: Path, exclusive: bool) -> int | None:
+    """A descriptor of ``run_dir`` (or, where directories cannot be locked, of its lock file) locked without
+    waiting; None when another process holds it. RunDirError when it cannot be locked at all."""
+    operation = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as error:
+        raise RunDirError(f"cannot lock {run_dir}: {error.strerror}") from None
+    try:
+        fcntl.flock(fd, operation)
+        return fd
+    except OSError as error:
+        os.close(fd)
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        if error.errno not in _NO_DIRECTORY_LOCKS:
+            raise RunDirError(f"cannot lock {run_dir}: {error.strerror}") from None
+    return _lock_file_fd(run_dir, operation)
+
+
+def _lock_file_fd(run_dir: Path, operation: int) -> int | None:
+    """The fallback: the lock file locked, and still the file that its path names once locked."""
+    fd = _open_regular(run_dir / LOCK, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, operation)
+    except OSError as error:
+        os.close(fd)
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return None
+        raise RunDirError(f"cannot lock {run_dir}: {error.strerror}") from None
+    try:
+        same = os.path.samestat(os.fstat(fd), os.lstat(run_dir / LOCK))
+    except OSError:
+        same = False
+    if not same:
+        os.close(fd)
+        return None  # replaced meanwhile: whoever replaced it holds the run
+    return fd
 
 
 class RunLock:
@@ -78,28 +179,34 @@ class RunLock:
 
     @classmethod
     def take(cls, run_dir: Path, command: str) -> "RunLock":
-        """Lock ``run_dir`` (an existing directory) for this process, or RunDirError naming the holder."""
+        """Lock ``run_dir`` (an existing directory) for this process, then say who holds it in its lock file; or
+        RunDirError naming the holder (or a lock file that is not a regular file)."""
+        fd = _lock_fd(run_dir, exclusive=True)
+        if fd is None:
+            raise RunDirError(f"{run_dir} is in use by {_holder(run_dir)}; wait for it to end or stop it")
+        lock = cls(run_dir, fd)
         try:
-            fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as error:
-            raise RunDirError(f"--run-dir {run_dir} is not writable: {error.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            holder = _holder(fd) if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
-            os.close(fd)
-            if holder is None:
-                raise RunDirError(f"cannot lock {run_dir}: {error.strerror}") from None
-            raise RunDirError(f"{run_dir} is in use by {holder}; wait for it to end or stop it") from None
+            lock._write_holder(command)
+        except BaseException:
+            lock.release()
+            raise
+        return lock
+
+    def _write_holder(self, command: str) -> None:
         holder = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "since": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": command,
         }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
-        return cls(run_dir, fd)
+        fd = _open_regular(self.run_dir / LOCK, os.O_RDWR | os.O_CREAT)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+        except OSError as error:
+            raise RunDirError(f"--run-dir {self.run_dir} is not writable: {error.strerror}") from None
+        finally:
+            os.close(fd)
 
     def release(self) -> None:
         with contextlib.suppress(OSError):
@@ -107,24 +214,120 @@ class RunLock:
 
 
 def refuse_if_held(run_dir: Path) -> None:
-    """RunDirError naming the holder when another process holds ``run_dir``'s lock; creates nothing (a directory
-    without a lock file is held by nobody). A cheap first check: the lock itself is ``RunLock.take``."""
-    try:
-        fd = os.open(run_dir / LOCK, os.O_RDWR)
-    except OSError:
+    """RunDirError naming the holder when another process holds ``run_dir``'s lock; creates nothing. A cheap first
+    check: the lock itself is ``RunLock.take``."""
+    if not run_dir.is_dir():
         return
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise RunDirError(f"{run_dir} is in use by {_holder(fd)}; wait for it to end or stop it") from None
-    finally:
-        os.close(fd)
+        fd = _lock_fd(run_dir, exclusive=False)
+    except RunDirError:  # a directory that cannot be locked, a lock file that is no file: RunLock.take says so
+        return
+    if fd is None:
+        raise RunDirError(f"{run_dir} is in use by {_holder(run_dir)}; wait for it to end or stop it")
+    os.close(fd)
 
+
+# --- the manifest -----------------------------------------------------------------------------------------------
 
 Kind = Literal["file", "dir", "run", "tree"]
 """What a run made: a ``file``; a ``dir`` that holds its files (removed once empty); an agent's ``run`` directory
 (with its own manifest); a ``tree`` that another library fills (W&B's), removed whole."""
+KINDS = ("file", "dir", "run", "tree")
+_AGENT = re.compile(rf"(?:[a-z][a-z0-9-]*=[^/\0]+/)?{AGENT_PREFIX}\d+")
+"""An agent's directory (``PPOConfig.agent_names``): ``seedK``, or under a sweep ``SETTING/seedK``."""
+_SETTING = re.compile(r"[a-z][a-z0-9-]*=[^/\0]+")
+
+
+class ManifestError(RunDirError):
+    """A manifest that ppo-eqx did not write as it stands: refused, never guessed at."""
+
+
+def _written_entry(kind: str, relative: str) -> bool:
+    """Whether ``[kind, relative]`` is an entry that a run writes: a clean relative path (no ``.``, ``..``, empty
+    or absolute part) of the kind's names."""
+    path = PurePosixPath(relative)
+    if not relative or "\0" in relative or path.is_absolute() or path.as_posix() != relative:
+        return False
+    if any(part in ("", ".", "..") for part in relative.split("/")):
+        return False
+    parts = path.parts
+    if kind == "file":
+        if len(parts) == 2 and parts[0] == CHECKPOINT_DIR:
+            return written_checkpoint_name(parts[1])
+        return len(parts) == 1 and written_name(parts[0]) and parts[0] not in BOOKKEEPING
+    if kind == "dir":
+        return relative == CHECKPOINT_DIR or bool(_SETTING.fullmatch(relative))
+    if kind == "run":
+        return bool(_AGENT.fullmatch(relative))
+    return kind == "tree" and relative == WANDB_DIR
+
+
+def _damaged(path: Path, why: str) -> ManifestError:
+    return ManifestError(
+        f"{path} is damaged ({why}): ppo-eqx deletes only what its manifest lists and will not guess; remove that "
+        f"line (or the directory {path.parent}, yourself) and try again"
+    )
+
+
+def _manifest_bytes(path: Path) -> bytes | None:
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise ManifestError(f"cannot read {path}: {error.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise _damaged(path, f"it is a {_kind_of(mode)}, not a file")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        data = os.read(fd, MAX_MANIFEST_BYTES + 1)
+        rest = data
+        while rest and len(data) <= MAX_MANIFEST_BYTES:
+            rest = os.read(fd, MAX_MANIFEST_BYTES + 1 - len(data))
+            data += rest
+    finally:
+        os.close(fd)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise _damaged(path, f"more than {MAX_MANIFEST_BYTES // 2**20} MiB")
+    return data
+
+
+def _entry(line: str) -> tuple[Kind, str] | None:
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)):
+        return None
+    kind, relative = value
+    return (kind, relative) if kind in KINDS and _written_entry(kind, relative) else None  # type: ignore[return-value]
+
+
+def read_manifest(run_dir: Path) -> list[tuple[Kind, str]] | None:
+    """The entries of ``run_dir``'s manifest, in order; None when it has none (a run of an earlier ppo_eqx).
+    ManifestError for any line that is not an entry a run writes; a last line without its newline (cut short by
+    a kill) is skipped."""
+    path = run_dir / MANIFEST
+    data = _manifest_bytes(path)
+    if data is None:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _damaged(path, "it is not UTF-8 text") from None
+    lines = text.split("\n")
+    entries = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        entry = _entry(line)
+        if entry is None:
+            if number == len(lines):  # no newline after it: a line that a kill cut short
+                continue
+            shown = line if len(line) <= 60 else line[:57] + "..."
+            raise _damaged(path, f"line {number}, {shown!r}, is not an entry that a run writes")
+        entries.append(entry)
+    return entries
 
 
 class Manifest:
@@ -140,6 +343,8 @@ class Manifest:
         entry = (kind, Path(relative).as_posix())
         if entry in self._known:
             return
+        if not _written_entry(*entry):
+            raise ValueError(f"{entry} is not an entry that a run writes")
         with open(self.path, "a") as file:
             file.write(json.dumps(list(entry)) + "\n")
         self._known.add(entry)
@@ -149,29 +354,24 @@ class Manifest:
             self.add(kind, relative)
 
 
-def read_manifest(run_dir: Path) -> list[tuple[Kind, str]] | None:
-    """The entries of ``run_dir``'s manifest, in order; None when it has none (a run of an earlier ppo_eqx). A line
-    cut short by a kill is skipped."""
-    try:
-        lines = (run_dir / MANIFEST).read_text().splitlines()
-    except FileNotFoundError:
-        return None
-    entries = []
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            kind, relative = json.loads(line)
-            if kind in ("file", "dir", "run", "tree") and isinstance(relative, str) and _inside(relative):
-                entries.append((kind, relative))
-    return entries
-
-
-def _inside(relative: str) -> bool:
-    """Whether ``relative`` names something inside the run directory (no absolute path, no ``..``)."""
-    path = Path(relative)
-    return not path.is_absolute() and ".." not in path.parts and relative not in ("", ".")
-
+# --- runs of an earlier ppo-eqx (no manifest) --------------------------------------------------------------------
 
 _CHECKPOINT = re.compile(r"\.?iter_\d{6,}\.(eqx|json)(\.tmp)?")
+
+
+def _saved_config(run_dir: Path) -> PPOConfig | None:
+    for name in (SEEDS_CONFIG, CONFIG):
+        with contextlib.suppress(OSError, ValueError, ConfigError, RecursionError):
+            return PPOConfig.from_dict(json.loads((run_dir / name).read_text()))
+    return None
+
+
+def is_legacy_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run that an earlier ppo-eqx (before the manifest) wrote: no manifest, a config
+    that is a ``PPOConfig``, and its metrics or a checkpoint. Files that only bear the names are not one."""
+    if (run_dir / MANIFEST).exists() or _saved_config(run_dir) is None:
+        return False
+    return (run_dir / METRICS).is_file() or any((run_dir / CHECKPOINT_DIR).glob("iter_*.json"))
 
 
 def legacy_entries(run_dir: Path) -> list[tuple[Kind, str]]:
@@ -186,75 +386,163 @@ def legacy_entries(run_dir: Path) -> list[tuple[Kind, str]]:
     entries: list[tuple[Kind, str]] = [("file", name) for name in files]
     if checkpoints.is_dir():
         entries.append(("dir", CHECKPOINT_DIR))
-    for name in _legacy_agents(run_dir):
+    config = _saved_config(run_dir)
+    for name in config.agent_names() if config is not None and config.num_agents > 1 else []:
         for parent in reversed(Path(name).parents[:-1]):
             entries.append(("dir", parent.as_posix()))
         entries.append(("run", name))
     return entries
 
 
-def _legacy_agents(run_dir: Path) -> list[str]:
-    """The agents' directories named by ``run_dir/seeds.json`` (none when it is missing or unreadable)."""
-    try:
-        config = PPOConfig.from_dict(json.loads((run_dir / SEEDS_CONFIG).read_text()))
-    except (OSError, ValueError, ConfigError):
-        return []
-    return config.agent_names() if config.num_agents > 1 else []
-
-
 def adopt_legacy_run(run_dir: Path) -> None:
     """Give a run written before the manifest existed (and each of its agents) a manifest of what it wrote, by
     ``legacy_entries``, before a resumed run adds its own files: a later ``--overwrite`` then deletes both."""
-    if read_manifest(run_dir) is not None:
+    if not is_legacy_run(run_dir):
         return
     entries = legacy_entries(run_dir)
     for kind, relative in entries:
         if kind == "run":
             adopt_legacy_run(run_dir / relative)
-    Manifest(run_dir).add_all(entries)
+    Manifest(run_dir).add_all(entry for entry in entries if _written_entry(*entry))
 
 
-def owned_entries(run_dir: Path) -> tuple[list[tuple[Kind, str]], bool]:
-    """The run's entries and whether they come from its manifest (else ``legacy_entries``)."""
+def owned_entries(run_dir: Path) -> list[tuple[Kind, str]]:
+    """The run's entries: its manifest's, an earlier ppo-eqx's run's by name (``is_legacy_run``), or none."""
     entries = read_manifest(run_dir)
-    return (entries, True) if entries is not None else (legacy_entries(run_dir), False)
+    if entries is not None:
+        return entries
+    return legacy_entries(run_dir) if is_legacy_run(run_dir) else []
 
 
 def owned_agents(run_dir: Path) -> set[Path]:
     """The agents' directories of the run in ``run_dir`` (from its manifest, or its ``seeds.json``)."""
-    return {run_dir / relative for kind, relative in owned_entries(run_dir)[0] if kind == "run"}
+    return {run_dir / relative for kind, relative in owned_entries(run_dir) if kind == "run"}
 
 
-def clear_run(run_dir: Path) -> list[str]:
-    """Delete what the run in ``run_dir`` wrote (its manifest's entries, agents' directories recursively), and
-    return what is left that it did not write (relative paths, directories with a trailing ``/``)."""
-    entries, _ = owned_entries(run_dir)
+def has_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run of ppo-eqx's: its manifest lists something, or an earlier ppo-eqx's run
+    (``rundir.holds_run`` says only whether it looks like one)."""
+    return run_dir.is_dir() and bool(owned_entries(run_dir))
+
+
+def is_eval_result(path: Path) -> bool:
+    """Whether ``path`` is what ``ppo-eqx eval`` writes (a JSON object with its checkpoint, episodes and returns):
+    the only ``eval.json`` that ``--overwrite`` deletes or ``eval`` replaces."""
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(result, dict) and {"checkpoint", "episodes", "returns", "mean_return"} <= set(result)
+
+
+# --- what is in a directory before a run writes it ----------------------------------------------------------------
+
+
+def _plain(name: str) -> str:
+    """``name``, or the name whose temporary it is (``.NAME.tmp``)."""
+    return name[1:-4] if name.startswith(".") and name.endswith(".tmp") and len(name) > 5 else name
+
+
+def look_alikes(run_dir: Path) -> list[str]:
+    """What ``run_dir`` holds under a name that a run writes, without the run there having written it: every such
+    name when no run of ppo-eqx's is there, else those its manifest does not list (relative paths, directories
+    with a trailing ``/``). A new run would write over them, or ``--overwrite`` take them for the run's."""
+    if not run_dir.is_dir():
+        return []
+    listed = {relative for _, relative in owned_entries(run_dir)}
+    found = []
+    for path in sorted(run_dir.iterdir()):
+        name = path.name
+        if name in BOOKKEEPING or not written_name(name):
+            continue
+        if name not in listed and _plain(name) not in listed:
+            found.append(f"{name}/" if path.is_dir() and not path.is_symlink() else name)
+        elif name == CHECKPOINT_DIR and path.is_dir() and not path.is_symlink():
+            found += [
+                f"{CHECKPOINT_DIR}/{inner.name}"
+                for inner in sorted(path.iterdir())
+                if written_checkpoint_name(inner.name)
+                and not {f"{CHECKPOINT_DIR}/{inner.name}", f"{CHECKPOINT_DIR}/{_plain(inner.name)}"} & listed
+            ]
+    return found
+
+
+def never_trained(run_dir: Path) -> bool:
+    """Whether the run of ppo-eqx's in ``run_dir`` stopped before anything of it could be kept: no checkpoint,
+    and no agent wrote a row of metrics (what a kill or a fault before the first iteration leaves). A plain retry
+    may start afresh there."""
+    if read_manifest(run_dir) is None or any((run_dir / CHECKPOINT_DIR).glob("iter_*.json")):
+        return False
+    for agent_dir in [run_dir, *owned_agents(run_dir)]:
+        with contextlib.suppress(FileNotFoundError):
+            if (agent_dir / METRICS).read_text(errors="replace").strip():
+                return False
+    return True
+
+
+# --- --overwrite ------------------------------------------------------------------------------------------------
+
+
+class Cleared(NamedTuple):
+    """What ``clear_run`` deleted and what it kept (relative paths, directories with a trailing ``/``)."""
+
+    deleted: list[str]
+    kept: list[str]
+
+
+def _through_links(run_dir: Path, relative: str) -> bool:
+    """Whether a directory on the way from ``run_dir`` to ``relative`` is a link (it would lead outside)."""
+    path = run_dir
+    for part in PurePosixPath(relative).parts[:-1]:
+        path = path / part
+        if path.is_symlink():
+            return True
+    return False
+
+
+def clear_run(run_dir: Path) -> Cleared:
+    """Delete what the run in ``run_dir`` wrote (its manifest's entries, agents' directories recursively; an
+    ``eval.json`` only if ``ppo-eqx eval`` wrote it) and say what was deleted and what is left that it did not
+    write. The manifest is checked whole first (``read_manifest``): a damaged one deletes nothing."""
+    entries = owned_entries(run_dir)
+    deleted: list[str] = []
     kept: list[str] = []
     for kind, relative in entries:
         path = run_dir / relative
+        if _through_links(run_dir, relative):
+            continue
+        if kind == "file" and relative == EVAL and path.exists() and not is_eval_result(path):
+            continue  # a user's own eval.json, not ppo-eqx eval's: kept, and said so below
         if kind == "file":
-            path.unlink(missing_ok=True)
-            temporary_of(path).unlink(missing_ok=True)
-        elif kind == "tree":
-            shutil.rmtree(path, ignore_errors=True)
+            temporary = PurePosixPath(relative).with_name(temporary_of(path).name).as_posix()
+            for each, shown in ((path, relative), (temporary_of(path), temporary)):
+                if each.is_symlink() or each.is_file():
+                    each.unlink()
+                    deleted.append(shown)
+        elif kind == "tree" and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+            deleted.append(f"{relative}/")
     for kind, relative in entries:
         path = run_dir / relative
-        if kind == "run" and path.is_dir() and not path.is_symlink():
-            kept += [f"{relative}/{name}" for name in clear_run(path)]
+        if kind == "run" and path.is_dir() and not path.is_symlink() and not _through_links(run_dir, relative):
+            inner = clear_run(path)
+            deleted += [f"{relative}/{name}" for name in inner.deleted]
+            kept += [f"{relative}/{name}" for name in inner.kept]
             _remove_own(path)
             _remove_if_empty(path)
     for kind, relative in sorted(entries, key=lambda entry: -len(Path(entry[1]).parts)):
-        if kind == "dir":
+        if kind == "dir" and not _through_links(run_dir, relative):
             _remove_if_empty(run_dir / relative)
     write_atomic(run_dir / MANIFEST, b"")
     dirs = {relative for kind, relative in entries if kind == "dir"}
     runs = {relative for kind, relative in entries if kind == "run"}
-    return kept + _leftovers(run_dir, "", dirs, runs)
+    return Cleared(deleted, kept + _leftovers(run_dir, "", dirs, runs))
 
 
 def _remove_own(agent_dir: Path) -> None:
-    for name in OWN:
-        (agent_dir / name).unlink(missing_ok=True)
+    for name in BOOKKEEPING:
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            (agent_dir / name).unlink()
 
 
 def _remove_if_empty(path: Path) -> None:
@@ -269,10 +557,10 @@ def _leftovers(run_dir: Path, prefix: str, dirs: set[str], runs: set[str]) -> li
     directory = run_dir / prefix
     for path in sorted(directory.iterdir()) if directory.is_dir() else []:
         relative = f"{prefix}{path.name}"
-        if (not prefix and path.name in OWN) or relative in runs:
+        if (not prefix and path.name in BOOKKEEPING) or relative in runs:
             continue
         if relative in dirs and path.is_dir() and not path.is_symlink():
             left += _leftovers(run_dir, f"{relative}/", dirs, runs)
         else:
-            left.append(f"{relative}/" if path.is_dir() else relative)
+            left.append(f"{relative}/" if path.is_dir() and not path.is_symlink() else relative)
     return left

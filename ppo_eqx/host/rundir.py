@@ -12,8 +12,10 @@ Layout of ``RUN_DIR`` (one agent)::
     eval.json         written by ``ppo-eqx eval``
     wandb.json        the Weights & Biases run id, with --track
 
-and the run's bookkeeping, hidden: ``.ppo-eqx.lock`` (whoever trains holds it) and ``.ppo-eqx-manifest.jsonl``
-(what the run wrote, which ``--overwrite`` deletes), both in ``ownership.py``.
+and the run's bookkeeping, hidden: ``.ppo-eqx.lock`` (who trains there: the lock itself is on the directory) and
+``.ppo-eqx-manifest.jsonl`` (what the run wrote, which ``--overwrite`` deletes), both kept by ``ownership.py``.
+Every one of these names, with ``.NAME.tmp`` (the temporary of an atomic write), is the run's: no other command of
+ppo-eqx writes it (``written_name``).
 
 A run of several agents (``--num-seeds S``, ``--sweep``) holds ``seeds.json`` (its config) instead of
 ``config.json``, the checkpoints of all agents, and one such directory per agent: ``seedK/``, or under a sweep
@@ -25,6 +27,7 @@ import errno
 import itertools
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,10 +44,37 @@ WANDB = "wandb.json"
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_GLOB = "events.out.tfevents.*"
 
+WANDB_DIR = "wandb"
+LOCK = ".ppo-eqx.lock"
+MANIFEST = ".ppo-eqx-manifest.jsonl"
+BOOKKEEPING = (LOCK, MANIFEST)
+"""The run directory's bookkeeping (``ownership``): never deleted, never listed as the user's."""
+
 RUN_FILES = (CONFIG, HARDWARE, METRICS, SUMMARY, EVAL, WANDB)
 """The files a run writes at its top (besides TensorBoard's events and the checkpoints)."""
 MARKERS = (CONFIG, SEEDS_CONFIG, METRICS, CHECKPOINT_DIR)
 """Any of these makes a directory hold a run (which a new run must not write into unless told to)."""
+EVENTS = re.compile(r"events\.out\.tfevents\..+")
+"""TensorBoard's events files (``TENSORBOARD_GLOB``)."""
+CHECKPOINT_FILE = re.compile(r"iter_\d{6,}\.(eqx|json)")
+"""A checkpoint's two files in ``checkpoints/``."""
+
+
+def _base_name(name: str) -> str:
+    """``name``, or the name whose temporary it is (``.NAME.tmp``: ``write_atomic``'s)."""
+    return name[1:-4] if name.startswith(".") and name.endswith(".tmp") and len(name) > 5 else name
+
+
+def written_name(name: str) -> bool:
+    """Whether ``name``, at the top of a run's (or an agent's) directory, is one ppo-eqx writes there: a run file,
+    ``seeds.json``, TensorBoard's events, ``checkpoints/``, ``wandb/``, the bookkeeping, or a temporary of one."""
+    base = _base_name(name)
+    return base in (*RUN_FILES, SEEDS_CONFIG, CHECKPOINT_DIR, WANDB_DIR, *BOOKKEEPING) or bool(EVENTS.fullmatch(base))
+
+
+def written_checkpoint_name(name: str) -> bool:
+    """Whether ``name``, inside ``checkpoints/``, is one ppo-eqx writes there (a checkpoint file or its temporary)."""
+    return bool(CHECKPOINT_FILE.fullmatch(_base_name(name)))
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -229,27 +259,27 @@ def resolved(flag: str, path: Path) -> Path:
 
 
 def run_file(path: Path, run_dir: Path, flag: str = "path") -> str | None:
-    """The name of ``run_dir``'s own file that ``path`` is (or lies in), else None (``eval.json`` excepted)."""
+    """The name of ``run_dir``'s own file that ``path`` is (or lies in), else None: any name ``written_name``
+    says a run writes, its bookkeeping and temporaries included, but ``eval.json`` itself (``ppo-eqx eval``'s own)."""
     try:
         relative = resolved(flag, path).relative_to(resolved(flag, run_dir))
     except ValueError:
         return None
     name = relative.parts[0] if relative.parts else "."
-    own = name in (*RUN_FILES, SEEDS_CONFIG, CHECKPOINT_DIR, ".") or Path(name).match(TENSORBOARD_GLOB)
-    return None if name == EVAL else name if own else None
+    return name if name == "." or (written_name(name) and name != EVAL) else None
 
 
 def _check_not_in_a_run(flag: str, path: Path) -> None:
-    """RunDirError if ``path`` is, or lies in, one of the own files of a run in a directory above it."""
+    """RunDirError if ``path`` is, or lies in, one of the own files of a run (or an agent's run) above it."""
     for parent in resolved(flag, path).parents:
-        own = run_file(path, parent, flag) if holds_run(parent) else None
+        own = run_file(path, parent, flag) if holds_run(parent) or (parent / MANIFEST).exists() else None
         if own is not None:
-            raise RunDirError(f"{flag} {path} is in the {own} of the run in {parent}; allowed: a path of its own")
+            raise RunDirError(f"{flag} {path} is the {own} of the run in {parent}; allowed: a path of its own")
 
 
 def check_output(flag: str, path: Path, run_dir: Path) -> None:
     """RunDirError unless ``path`` can be written by ``ppo-eqx eval``: a writable place that is not a
-    directory and not one of the run's own files (``eval.json`` is eval's own)."""
+    directory and not one of the run's own files, through a link or not (``eval.json`` is eval's own)."""
     check_path(flag, path)
     if path.is_dir():
         raise RunDirError(f"{flag} {path} is a directory; allowed: a file name")
@@ -265,17 +295,13 @@ def check_output(flag: str, path: Path, run_dir: Path) -> None:
 
 
 def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
-    """RunDirError unless a new run may be written to ``run_dir`` (nothing is written or created here)."""
+    """RunDirError unless a new run may be written to ``run_dir`` as far as its path goes (nothing is written or
+    created here; what is in it is ``ownership.check_contents``'s)."""
     check_path("--run-dir", run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--run-dir {run_dir} is a file, not a directory")
     # A run among another run's own files (its checkpoints/) would go with them when that run is overwritten.
     _check_not_in_a_run("--run-dir", run_dir)
-    if holds_run(run_dir) and not overwrite:
-        raise RunDirError(
-            f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it "
-            f"or --resume {run_dir} to continue it"
-        )
     existing = next((p for p in (run_dir, *run_dir.parents) if p.exists()), Path("."))
     if not os.access(existing, os.W_OK | os.X_OK):
         raise RunDirError(f"--run-dir {run_dir} is not writable: {existing} is not writable")
