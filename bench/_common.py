@@ -156,22 +156,37 @@ def env_only_program(env_step: Callable, num_actions: int, num_steps: int, num_e
 
 
 def env_only_sps(
-    env_step: Callable, handle: Any, num_actions: int, num_steps: int, num_envs: int, repeats: int
+    env_step: Callable,
+    handle: Any,
+    num_actions: int,
+    num_steps: int,
+    num_envs: int,
+    repeats: int,
+    device: Any = None,
 ) -> float:
-    """Env steps per second of EnvPool's XLA step alone: the ceiling of any rollout."""
+    """Env steps per second of EnvPool's XLA step alone: the ceiling of any rollout. ``device``: where the
+    program runs (default: jax's default device; ``jax.devices("cpu")[0]`` on a GPU machine: the host's CPU)."""
     program, actions = env_only_program(env_step, num_actions, num_steps, num_envs)
-    jax.block_until_ready(program(handle, actions))
-    seconds, _ = timed(lambda: program(handle, actions), repeats)
-    return num_steps * num_envs / seconds
+    if device is not None:
+        handle, actions = jax.device_put((handle, actions), device)
+    handle, _ = jax.block_until_ready(program(handle, actions))
+    times = []
+    for _ in range(repeats):  # the handle threaded through, as a rollout threads it
+        start = time.perf_counter()
+        handle, _ = jax.block_until_ready(program(handle, actions))
+        times.append(time.perf_counter() - start)
+    return num_steps * num_envs / statistics.median(times)
 
 
-def pool_env_only_sps(config: PPOConfig, repeats: int) -> float:
+def pool_env_only_sps(config: PPOConfig, repeats: int, device: Any = None) -> float:
     """``env_only_sps`` of a synchronous pool of ``config.num_envs`` envs made for this measurement alone."""
     from ppo_eqx import make_pool
 
     pool = make_pool(config.env_id, config.num_envs, seed=config.seed)
     try:
-        return env_only_sps(pool.step, pool.handle, pool.spec.num_actions, config.num_steps, config.num_envs, repeats)
+        return env_only_sps(
+            pool.step, pool.handle, pool.spec.num_actions, config.num_steps, config.num_envs, repeats, device
+        )
     finally:
         pool.close()
 

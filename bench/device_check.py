@@ -53,6 +53,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parents[1]))  # ppo_eqx_bench, from a checkout (jax-free)
+
+from ppo_eqx_bench.atari_games import ATARI_57  # noqa: E402
+
 ATARI_SHAPE = (4, 84, 84)
 MIN_PART_S = 20.0  # a part started with less of the budget left would only be killed
 
@@ -75,6 +79,11 @@ class Settings:
     gymnax_env_id: str = "CartPole-v1"
     gymnax_seeds: tuple[int, ...] = (1, 64)
     gymnax_timesteps: int = 500_000  # an agent's; the preset's for CartPole-v1
+    host_sizes: tuple[int, ...] = (8, 64)  # EnvPool's own host step, ALE's vector env, the XLA step on the CPU
+    host_threads: tuple[int, ...] = (0, 2, 4, 8)  # 0: EnvPool's default (one per env, at most the cores)
+    host_steps: int = 200
+    atari57_games: int = 8  # the plan's first runs, measured together for atari57_measure_s
+    atari57_measure_s: float = 60.0
     budget_s: float = 450.0
 
 
@@ -96,6 +105,11 @@ QUICK = Settings(
     async_batch_size=2,
     gymnax_seeds=(2,),  # one part: the quick run checks that it works, and CI runs it
     gymnax_timesteps=4 * 512,
+    host_sizes=(8,),
+    host_threads=(0, 2),
+    host_steps=20,
+    atari57_games=2,
+    atari57_measure_s=20.0,
     budget_s=360.0,
 )
 
@@ -108,11 +122,13 @@ def environment_part(settings: Settings) -> dict[str, Any]:
     from _common import environment, matmul_rate
 
     from ppo_eqx import resolve_conv_impl
+    from ppo_eqx_bench.host_step import cpu_topology
 
     device = jax.devices()[0]
     limit = (device.memory_stats() or {}).get("bytes_limit")
     return {
         **environment(None),  # each train part's row names its conv_impl
+        "cpu_topology": cpu_topology(),
         "devices": [str(d) for d in jax.devices()],
         "device_kind": device.device_kind,
         "device_limit_mib": limit / 2**20 if limit else None,
@@ -122,18 +138,23 @@ def environment_part(settings: Settings) -> dict[str, Any]:
     }
 
 
-def env_only_part(settings: Settings) -> list[dict[str, Any]]:
+def env_only_part(settings: Settings, *, on: str = "device") -> list[dict[str, Any]]:
+    """EnvPool's XLA step alone in a jitted scan, on the default device or (``on="cpu"``) the host's CPU device."""
+    import jax
     from _common import pool_env_only_sps
 
     from ppo_eqx import PPOConfig
 
     rows = []
-    for num_envs in settings.env_only_sizes:
-        row: dict[str, Any] = {"part": f"env_only_{num_envs}", "num_envs": num_envs}
+    device = jax.devices("cpu")[0] if on == "cpu" else None
+    sizes = settings.env_only_sizes if on == "device" else settings.host_sizes
+    for num_envs in sizes:
+        name = f"env_only_{num_envs}" if on == "device" else f"env_only_cpu_{num_envs}"
+        row: dict[str, Any] = {"part": name, "num_envs": num_envs, "device": str(device or jax.devices()[0])}
         try:
             config = PPOConfig(env_id=settings.env_id, num_envs=num_envs, num_steps=settings.num_steps).validate()
             start = time.perf_counter()
-            row["env_steps_per_s"] = pool_env_only_sps(config, repeats=settings.env_only_repeats)
+            row["env_steps_per_s"] = pool_env_only_sps(config, repeats=settings.env_only_repeats, device=device)
             row.update(status="ok", seconds=time.perf_counter() - start)
         except Exception as error:  # one pool size failing leaves the others measured
             row.update(status="error", error=f"{type(error).__name__}: {error}")
@@ -141,7 +162,57 @@ def env_only_part(settings: Settings) -> list[dict[str, Any]]:
     return rows
 
 
-def train_part(settings: Settings, *, conv_impl: str, num_seeds: int = 1, async_batch_size: int = 0) -> dict:
+def host_step_part(settings: Settings, *, library: str) -> list[dict[str, Any]]:
+    """EnvPool's own host ``step`` (``library="envpool"``: at its default threads and at each of
+    ``host_threads``, unpinned and pinned from core 0) or ALE's vector env, from Python with NumPy actions: how fast
+    this machine's CPUs step a sync pool when no jax program is in the way."""
+    from ppo_eqx_bench.host_step import ale_vector_sps, envpool_host_sps
+
+    rows = []
+    for num_envs in settings.host_sizes:
+        combos = [(t, a) for t in settings.host_threads for a in (-1, 0)] if library == "envpool" else [(0, -1)]
+        for threads, affinity in combos:
+            name = f"{'host_step' if library == 'envpool' else 'ale_vector'}_{num_envs}_t{threads}"
+            row: dict[str, Any] = {
+                "part": name + ("_pinned" if affinity >= 0 else ""),
+                "num_envs": num_envs,
+                "num_threads": threads,
+                "thread_affinity_offset": affinity,
+            }
+            try:
+                start = time.perf_counter()
+                if library == "envpool":
+                    sps = envpool_host_sps(
+                        settings.env_id, num_envs, num_threads=threads, affinity=affinity, steps=settings.host_steps
+                    )
+                else:
+                    sps = ale_vector_sps(settings.env_id, num_envs, steps=settings.host_steps)
+                row.update(env_steps_per_s=sps, status="ok", seconds=time.perf_counter() - start)
+            except Exception as error:  # one setting failing leaves the others measured
+                row.update(status="error", error=f"{type(error).__name__}: {error}")
+            rows.append(row)
+    return rows
+
+
+def script_part(settings: Settings, *, script: str, args: list[str]) -> dict[str, Any]:
+    """Another bench script run whole in this part's process (its JSON read back): CleanRL's own script beside
+    ``ppo-eqx train`` (``cleanrl_side_by_side.py``), the 57-game plan measured for a minute (``atari57.py``)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="device_check_") as tmp:
+        out = Path(tmp) / "result.json"
+        args = [a.replace("{tmp}", tmp) for a in args]
+        done = subprocess.run([sys.executable, str(HERE.parent / script), *args, "--json", str(out)], text=True,
+                              capture_output=True)  # fmt: skip
+        if done.returncode != 0 or not out.exists():
+            tail = " | ".join(done.stderr.strip().splitlines()[-4:])
+            raise RuntimeError(f"{script} exited {done.returncode}: {tail[-1200:]}")
+        return json.loads(out.read_text())
+
+
+def train_part(
+    settings: Settings, *, conv_impl: str, num_seeds: int = 1, async_batch_size: int = 0, rollout_on: str = "device"
+) -> dict:
     """Compile, warm up, then time ``trainer.step()``; only the public Trainer API is used."""
     import jax
     import numpy as np
@@ -161,6 +232,7 @@ def train_part(settings: Settings, *, conv_impl: str, num_seeds: int = 1, async_
         conv_impl=conv_impl,
         num_seeds=num_seeds,
         async_batch_size=async_batch_size,
+        rollout_on=rollout_on,
         total_timesteps=agent_batch * (settings.warmup + iterations),  # counts each agent's steps
         checkpoint_every=10**9,  # one segment of envs: nothing is remade or recompiled while timing
     ).validate()
@@ -189,6 +261,7 @@ def train_part(settings: Settings, *, conv_impl: str, num_seeds: int = 1, async_
         "num_seeds": num_seeds,
         "async_batch_size": async_batch_size,
         "conv_impl": conv_impl,
+        "rollout_on": rollout_on,
         "setup_s": setup_s,
         "compile_s": compile_s,
         "iterations_timed": iterations,
@@ -246,7 +319,11 @@ def run_part(kind: str, settings: Settings, options: dict[str, Any]) -> Any:
     if kind == "environment":
         return environment_part(settings)
     if kind == "env_only":
-        return env_only_part(settings)
+        return env_only_part(settings, **options)
+    if kind == "host_step":
+        return host_step_part(settings, **options)
+    if kind == "script":
+        return script_part(settings, **options)
     if kind == "train":
         return train_part(settings, **options)
     if kind == "gymnax":
@@ -257,20 +334,40 @@ def run_part(kind: str, settings: Settings, options: dict[str, Any]) -> Any:
 # --- The parent: runs the parts one after another in fresh processes, within the budget.
 
 
-def measurement_parts(settings: Settings, environment: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
-    """(name, kind, options) of every part after the environment, in the order they run."""
-    routes = ["xla", "matmul"]
-    if environment.get("backend") == "cpu" and environment.get("auto_conv_impl") == "kernel":
-        routes.append("kernel")  # the CPU kernel exists on the CPU only, and only where it builds
-    parts: list[tuple[str, str, dict[str, Any]]] = [("env_only", "env_only", {})]
+def measurement_parts(
+    settings: Settings, environment: dict[str, Any], peers: dict[str, Any]
+) -> list[tuple[str, str, dict[str, Any]]]:
+    """(name, kind, options) of every part after the environment, in the order they run: first where the env
+    step's time goes (EnvPool's host step, its XLA step on the device and on the host's CPU, ALE's), then
+    CleanRL's configuration on each placement of the rollout, CleanRL's own script beside it and the 57-game plan,
+    then the rest (the budget skips what no longer fits, from the end)."""
+    auto = environment.get("auto_conv_impl", "xla")
+    parts: list[tuple[str, str, dict[str, Any]]] = [("host_step", "host_step", {"library": "envpool"})]
+    parts += [("env_only", "env_only", {}), ("env_only_cpu", "env_only", {"on": "cpu"})]
+    if importlib.util.find_spec("ale_py") is not None:
+        parts.append(("ale_vector", "host_step", {"library": "ale"}))
+    parts += [
+        (f"train_{auto}", "train", {"conv_impl": auto}),
+        (f"train_{auto}_rollout_on_host", "train", {"conv_impl": auto, "rollout_on": "host"}),
+    ]
+    if peers.get("cleanrl_script"):
+        args = ["--cleanrl-script", peers["cleanrl_script"], "--cleanrl-python", peers["cleanrl_python"]]
+        args += ["--iterations", str(settings.warmup + settings.iterations // 3)]
+        parts.append(("cleanrl_side_by_side", "script", {"script": "cleanrl_side_by_side.py", "args": args}))
+    games = ["--games", *list(ATARI_57)[: settings.atari57_games], "--seeds", "1", "--sweep-dir", "{tmp}/sweep"]
+    measure = ["--jobs", "auto", "--measure-s", str(settings.atari57_measure_s)]
+    if settings.num_envs < FULL.num_envs:
+        measure += ["--", "--num-envs", str(settings.num_envs), "--num-steps", str(settings.num_steps)]
+    parts.append(("atari57_plan", "script", {"script": "atari57.py", "args": games + measure}))
+    routes = [route for route in ("xla", "matmul", "kernel") if route != auto]
+    if not (environment.get("backend") == "cpu" and auto == "kernel"):
+        routes.remove("kernel")  # the CPU kernel exists on the CPU only, and only where it builds
     parts += [(f"train_{route}", "train", {"conv_impl": route}) for route in routes]
+    parts.append(("async", "train", {"conv_impl": auto, "async_batch_size": settings.async_batch_size}))
+    parts += [(f"seeds_{s}", "train", {"conv_impl": auto, "num_seeds": s}) for s in settings.seeds]
     if importlib.util.find_spec("gymnax") is not None:
         name = settings.gymnax_env_id.split("-")[0].lower()
         parts += [(f"gymnax_{name}_{s}", "gymnax", {"num_seeds": s}) for s in settings.gymnax_seeds]
-    # The seeds and the async pool run with what "auto" picks here (the route a user gets).
-    auto = environment.get("auto_conv_impl", "xla")
-    parts += [(f"seeds_{s}", "train", {"conv_impl": auto, "num_seeds": s}) for s in settings.seeds]
-    parts.append(("async", "train", {"conv_impl": auto, "async_batch_size": settings.async_batch_size}))
     return parts
 
 
@@ -295,7 +392,9 @@ def has_only_finite_numbers(row: dict[str, Any]) -> bool:
     return all(math.isfinite(v) for v in row.values() if isinstance(v, float))
 
 
-def run_parts(settings: Settings, part_timeout_s: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def run_parts(
+    settings: Settings, part_timeout_s: float, peers: dict[str, Any]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Every part, one after another, each in a fresh process: the environment and the rows of the table."""
     deadline = time.perf_counter() + settings.budget_s
 
@@ -317,12 +416,14 @@ def run_parts(settings: Settings, part_timeout_s: float) -> tuple[dict[str, Any]
     environment, env_row = attempt("environment", "environment", {})
     environment = env_row if environment is None else {**environment, "seconds": env_row["seconds"]}
     rows = []
-    for name, kind, options in measurement_parts(settings, environment):
+    for name, kind, options in measurement_parts(settings, environment, peers):
         result, row = attempt(name, kind, options)
         if result is None:
             measured = [row]
-        elif kind == "env_only":
-            measured = result  # one row per pool size, each with its own status
+        elif kind in ("env_only", "host_step"):
+            measured = result  # one row per pool size (and threads), each with its own status
+        elif kind == "script":
+            measured = [{**row, **script_summary(result)}]
         else:
             measured = [{**row, **result}]
         for row in measured:
@@ -330,6 +431,20 @@ def run_parts(settings: Settings, part_timeout_s: float) -> tuple[dict[str, Any]
                 row.update(status="error", error="a measured number is not finite")
         rows += measured
     return environment, rows
+
+
+def script_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """A script part's row: its headline figures (env steps/s of each program, or the plan's aggregate), and its
+    whole output under ``result``."""
+    rows = result.get("rows", [])
+    summary: dict[str, Any] = {}
+    for row in rows:
+        if "program" in row:  # cleanrl_side_by_side.py: one row per program
+            summary[f"{row['program']}_steady_sps"] = row.get("steady_sps")
+    if "aggregate_env_steps_per_s" in result.get("header", {}):  # atari57.py --measure-s
+        summary["env_steps_per_s"] = result["header"]["aggregate_env_steps_per_s"]
+        summary["runs_at_once"] = result["header"].get("jobs")
+    return {**summary, "result": result}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -340,6 +455,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget-s", type=float, default=None, help="the whole run's limit (default: 450, 360)")
     parser.add_argument("--part-timeout-s", type=float, default=180.0, help="one part's limit (default: 180)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--cleanrl-script", type=Path, default=None,
+        help="CleanRL's ppo_atari_envpool_xla_jax.py, patched for EnvPool 1.2 (docs/performance.md): run beside "
+        "ppo-eqx train in the same call (cleanrl_side_by_side.py); without it that part is skipped",
+    )  # fmt: skip
+    parser.add_argument("--cleanrl-python", type=Path, default=Path(sys.executable), help="the python that runs it")
     parser.add_argument("--part", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--settings", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--options", default="{}", help=argparse.SUPPRESS)
@@ -353,12 +474,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.budget_s is not None:
         settings = replace(settings, budget_s=args.budget_s)
     start = time.perf_counter()
-    environment, rows = run_parts(settings, args.part_timeout_s)
+    peers = {
+        "cleanrl_script": str(args.cleanrl_script.resolve()) if args.cleanrl_script else None,
+        "cleanrl_python": str(args.cleanrl_python),
+    }
+    environment, rows = run_parts(settings, args.part_timeout_s, peers)
     header = {
         "command": " ".join([Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]),
         "quick": args.quick,
         "settings": asdict(settings),
         "environment": environment,
+        "peers": peers,
         "parts": [row["part"] for row in rows],
         "total_s": time.perf_counter() - start,
     }

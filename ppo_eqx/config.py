@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, get_args, no_type_check
 
 from .errors import ConfigError
+from .presets import preset_for
 from .settings import FLOAT32_MAX, FieldRange, Hyperparameters, Sizes, config_field
 
 if TYPE_CHECKING:  # the array face imports jax: config.py stays jax-free for the command line's parser
@@ -23,6 +24,8 @@ ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
 """How convolutions are computed: a route (``core.networks.ConvRoute``) or "auto", resolved at the edge
 (``host.conv_route.resolve_conv_impl``)."""
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
+ROLLOUT_PLACES = ("auto", "device", "host")
+"""Where the rollout is compiled (``rollout_on``): resolved at the edge (``host.placement.rollout_place``)."""
 NETWORK_INITS = ("cleanrl", "gymnax-blines")
 """How a model's layers may start (``core.networks.NetworkInit``, the same names, says what each means)."""
 ENV_BACKENDS = ("envpool", "ale", "gymnax")
@@ -110,6 +113,25 @@ class PPOConfig(Hyperparameters):
         "how the network's layers start: cleanrl (orthogonal, CleanRL's gains, zero biases) or gymnax-blines "
         "(flax's LeCun normal kernels, biases uniform in [0, 0.05), as gymnax-blines' agents) (ppo_eqx's own)",
         choices=NETWORK_INITS,
+    )
+    rollout_on: str = config_field(
+        "auto",
+        "where the rollout (the env step and the policy's forward pass) is compiled: device (the whole iteration "
+        "one program on the default device, as CleanRL), host (the rollout on the host's CPU, the update on the "
+        "default device: the batch moves once an iteration, the parameters back once), or auto (device) "
+        "(ppo_eqx's own)",
+        choices=ROLLOUT_PLACES,
+    )
+    num_threads: int = config_field(
+        0,
+        "EnvPool's (and ALE's) threads stepping the envs; 0: one per env, at most the cores this process may use "
+        "(ppo_eqx's own)",
+        within=FieldRange(0, 4096, "0 (one per env, at most the cores) or a count of threads"),
+    )
+    thread_affinity_offset: int = config_field(
+        -1,
+        "pin EnvPool's (and ALE's) env threads to the cores from this one on; -1: not pinned (ppo_eqx's own)",
+        within=FieldRange(-1, 65535, "-1 (not pinned) or the first core's number"),
     )
     iterations_per_dispatch: int = config_field(
         1,
@@ -397,6 +419,9 @@ NOT_SWEEPABLE: dict[str, str] = {
     "env_backend": "makes another pool",
     "bootstrap_truncated": "changes the program (one more critic evaluation a step)",
     "network_init": "is drawn before the program, the same way for every agent of a run",
+    "rollout_on": "changes where the program runs, not the results",
+    "num_threads": "changes how the envs are stepped, not the results",
+    "thread_affinity_offset": "changes where the envs are stepped, not the results",
     "iterations_per_dispatch": "changes the program, not the results",
     "sweep": "is the sweep itself",
 }
@@ -463,47 +488,3 @@ def _check_sweep(sweep: Any) -> None:
             f"sweep of one setting ({setting}) is no sweep; allowed: two or more values of a name (one value is "
             "set as the field itself)"
         )
-
-
-# CleanRL's ppo.py defaults for vector-observation tasks (CartPole-v1 and friends): only what differs.
-# And ppo_eqx's own checkpoint interval: CartPole's iterations take milliseconds, and each segment of envs
-# costs a compile, so its checkpoints come every 128k steps rather than Atari's 51k.
-VECTOR_PRESET: dict[str, Any] = {
-    "total_timesteps": 500_000,
-    "num_envs": 4,
-    "clip_coef": 0.2,
-    "checkpoint_every": 250,
-}
-# gymnax-blines' PPO for MinAtar (agents/<game>-MinAtar/ppo.yaml), the settings behind its published 10M-step
-# returns: 64 envs x 128 steps, 8 minibatches, a constant learning rate of 5e-4, gamma 0.999, the value loss
-# clipped; 2 x 256 ReLU MLPs on the flattened grid (ActorCritic's "grid" network).
-GRID_PRESET: dict[str, Any] = {
-    "total_timesteps": 10_000_000,
-    "num_envs": 64,
-    "num_steps": 128,
-    "num_minibatches": 8,
-    "update_epochs": 4,
-    "learning_rate": 5e-4,
-    "anneal_lr": False,
-    "gamma": 0.999,
-    "gae_lambda": 0.95,
-    "clip_coef": 0.2,
-    "clip_vloss": True,
-    "ent_coef": 0.01,
-    "vf_coef": 0.5,
-    "max_grad_norm": 0.5,
-    "checkpoint_every": 100,
-}
-# Envs written in JAX run whole chunks of iterations as one program: a CartPole checkpoint interval (250
-# iterations, about a second on a 2-core CPU) at once; MinAtar's iterations take a third of a second there, so 10
-# of them, and the progress bar, Ctrl-C and the NaN check answer within seconds.
-JAX_ENV_DISPATCH: dict[str, int] = {"vector": 250, "grid": 10}
-
-
-def preset_for(kind: str, *, state_is_data: bool = False) -> dict[str, Any]:
-    """Defaults that replace PPOConfig's for a kind of observation (``EnvSpec.kind``): none for Atari frames,
-    CleanRL's ppo.py for vectors, gymnax-blines' for MinAtar grids; on a backend whose envs run in the program
-    (``state_is_data``), many iterations per dispatch."""
-    preset = {"frames": {}, "vector": VECTOR_PRESET, "grid": GRID_PRESET}[kind]
-    dispatch = {"iterations_per_dispatch": JAX_ENV_DISPATCH[kind]} if state_is_data and kind in JAX_ENV_DISPATCH else {}
-    return {**preset, **dispatch}

@@ -48,13 +48,14 @@ def _runtime_cells(row: GameRow, with_anchors: bool) -> list[str]:
     cleanrl = _number(anchor.cleanrl_minutes) if anchor else NOT_AVAILABLE
     baselines = _number(anchor.baselines_ppo2_minutes) if anchor else NOT_AVAILABLE
     if row.missing:
-        ours = [MISSING] * 4
+        ours = [MISSING] * 5
         versus = [cleanrl, MISSING, baselines, MISSING]
     else:
         at_target = _number(row.minutes_at_target)
         if row.projected and math.isfinite(row.minutes_at_target):
             at_target += " (projected)"
         ours = [str(len(row.seeds)), _steps(row.steps_mean), _number(row.measured_minutes), at_target]
+        ours.append("; ".join(row.machines) or MISSING)
         versus = [cleanrl, _speedup(row.speedup_cleanrl), baselines, _speedup(row.speedup_baselines)]
     return [row.env_id, *ours, *(versus if with_anchors else [])]
 
@@ -67,7 +68,11 @@ def _runtime_section(report: Report) -> list[str]:
         f"run: the first iteration's time (compilation included) plus the rate measured after the first "
         f"iteration (so excluding compilation) times the remaining steps, linear in steps."
     )
-    header = ["Game", "Seeds", "Steps (mean)", "ppo_eqx min (measured)", f"ppo_eqx min at {target}"]
+    text += (
+        " *Machine* names where each game's seeds ran and how many runs shared it (`bench/atari57.py --jobs`): a "
+        "minute of a shared machine is not one of a dedicated one."
+    )
+    header = ["Game", "Seeds", "Steps (mean)", "ppo_eqx min (measured)", f"ppo_eqx min at {target}", "Machine"]
     if report.has_anchors:
         text += (
             f" Beside them CleanRL's `ppo_atari_envpool_xla_jax.py` and openai/baselines PPO2 for {target} steps. "

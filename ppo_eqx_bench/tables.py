@@ -67,6 +67,8 @@ class GameRow:
     hns: tuple[float, ...]
     anchor: Anchor | None
     human_random: HumanRandom | None
+    machines: tuple[str, ...] = ()
+    """Where its seeds ran, each distinct once: the GPU (else the CPU) and how many runs shared the machine."""
 
     @property
     def missing(self) -> bool:
@@ -219,7 +221,17 @@ def _game_row(
         hns=hns,
         anchor=anchor,
         human_random=scores,
+        machines=tuple(dict.fromkeys(machine_of(run.hardware) for run in runs)),
     )
+
+
+def machine_of(hardware: Mapping[str, Any] | None) -> str:
+    """A run's machine in words: its GPU (else its CPU) and the runs that shared it (``runs_at_once``)."""
+    if not hardware:
+        return "unknown machine"
+    device = hardware.get("gpu_name") or hardware.get("cpu_model") or "unknown machine"
+    at_once = hardware.get("runs_at_once") or 1
+    return f"{device}, {at_once} run{'s' if at_once != 1 else ''} at once"
 
 
 def _aggregates(rows: Sequence[GameRow], *, num_resamples: int, confidence: float, seed: int) -> Aggregates:

@@ -290,3 +290,76 @@ def test_help_runs_as_a_script() -> None:
     assert result.returncode == 0, result.stderr
     for flag in ("--games", "--seeds", "--total-timesteps", "--jobs", "--sweep-dir", "--dry-run"):
         assert flag in result.stdout
+
+
+# --- the plan: how many runs at once, with how many env threads (issue 31) ----------------------------------------
+
+H200_MACHINE = {"cores": 16, "gpus": ["GPU 0: NVIDIA H200 (UUID: x)"], "memory_available_gib": 120.0}
+
+
+@pytest.mark.parametrize(
+    ("facts", "runs", "jobs", "threads"),
+    [
+        pytest.param({"cores": 2, "gpus": [], "memory_available_gib": 20.0}, 171, 1, 0, id="cpu-only-one-at-a-time"),
+        pytest.param(H200_MACHINE, 171, 8, 2, id="16-cores-and-a-gpu-eight-runs-of-two-threads"),
+        pytest.param({**H200_MACHINE, "memory_available_gib": 7.0}, 171, 3, 2, id="memory-bounds-the-runs"),
+        pytest.param(H200_MACHINE, 3, 3, 2, id="no-more-runs-than-there-are"),
+        pytest.param({**H200_MACHINE, "cores": 1}, 171, 1, 2, id="one-core-still-one-run"),
+    ],
+)
+def test_the_plan_fills_the_machine_and_no_more(runner: ModuleType, facts, runs, jobs, threads) -> None:
+    plan = runner.plan_concurrency(facts, runs)
+    assert (plan.jobs, plan.threads) == (jobs, threads), plan
+    if facts["gpus"]:
+        assert plan.pin and plan.gpu_memory_fraction == pytest.approx(0.9 / jobs, abs=1e-3)
+        slots = [plan.run_flags(slot) for slot in range(plan.jobs)]
+        first_cores = [int(flags[flags.index("--thread-affinity-offset") + 1]) for flags in slots]
+        # Every run's threads on cores of their own: slot k from core k * threads on.
+        assert first_cores == [slot * threads for slot in range(jobs)]
+    else:
+        assert not plan.pin and plan.gpu_memory_fraction is None
+
+
+def test_a_runs_flags_and_environment_carry_the_plan(runner: ModuleType, tmp_path: Path) -> None:
+    plan = runner.plan_concurrency(H200_MACHINE, 171)
+    run = runner.PlannedRun("Pong-v5", 1, tmp_path / "Pong-v5__seed1", interrupted=False)
+    args = runner.run_args(run, 10_000_000, [], plan, slot=3)
+    assert args[-4:] == ["--num-threads", "2", "--thread-affinity-offset", "6"]
+    assert runner.run_args(run, 10_000_000, ["--num-threads", "4"], plan, slot=3)[-2:] == ["--num-threads", "4"]
+    resumed = runner.PlannedRun("Pong-v5", 1, run.run_dir, interrupted=True, resumable=True)
+    assert "--num-threads" not in runner.run_args(resumed, 10_000_000, [], plan, slot=3)  # its own config
+    env = runner.run_env(plan)
+    assert env["PPO_EQX_RUNS_AT_ONCE"] == "8"
+
+
+FAKE_STEADY_TRAINER = textwrap.dedent(
+    """
+    import json, pathlib, sys, time
+    run_dir = pathlib.Path(sys.argv[sys.argv.index("--run-dir") + 1])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "argv.json").write_text(json.dumps(sys.argv[1:]))
+    with open(run_dir / "metrics.jsonl", "a") as metrics:
+        for iteration in range(1, 10**6):
+            metrics.write(json.dumps({"iteration": iteration, "global_step": iteration * 1024}) + "\\n")
+            metrics.flush()
+            time.sleep(0.05)
+    """
+)
+
+
+@pytest.mark.subprocess
+def test_measuring_the_plan_reports_the_aggregate_and_keeps_nothing(runner: ModuleType, tmp_path: Path) -> None:
+    trainer = tmp_path / "steady.py"
+    trainer.write_text(FAKE_STEADY_TRAINER)
+    sweep, out = tmp_path / "sweep", tmp_path / "measured.json"
+    argv = ["--games", "Pong-v5", "Breakout-v5", "Alien-v5", "--seeds", "1", "--sweep-dir", str(sweep), "--jobs", "2"]
+    argv += ["--measure-s", "1.5", "--json", str(out), "--launcher", f"{shlex.quote(sys.executable)} {trainer}"]
+    assert runner.main(argv) == 0
+    measured = json.loads(out.read_text())
+    assert measured["header"]["jobs"] == 2 and [row["env_id"] for row in measured["rows"]] == ["Pong-v5", "Breakout-v5"]
+    # Each fake run writes an iteration of 1024 steps every 0.05 s: about 20,480 steps/s, 40,960 for the two.
+    assert 10_000 < measured["header"]["aggregate_env_steps_per_s"] < 50_000, measured
+    assert sum(row["env_steps_per_s"] for row in measured["rows"]) == pytest.approx(
+        measured["header"]["aggregate_env_steps_per_s"]
+    )
+    assert not any(sweep.iterdir())  # the measured runs' directories and logs are gone

@@ -295,8 +295,9 @@ def test_tables_hold_hand_computed_values(sweep: Path, anchors_dir: Path, tmp_pa
     assert aggregates.anchors[("baselines", "same")]["median"] == pytest.approx(1.0)
 
     markdown = (tmp_path / "out" / "report.md").read_text()
-    assert "| Pong-v5 | 1 | 10,000 | 1.4 | 334.4 (projected) | 30.0 | 0.09× | 90.0 | 0.27× |" in markdown
-    assert "| Breakout-v5 | 2 | 9,999,360 | 35.0 | 35.0 | 40.0 | 1.14× | 80.0 | 2.29× |" in markdown
+    machine = "Test GPU, 1 run at once"  # hardware.json's GPU; runs_at_once unset: alone
+    assert f"| Pong-v5 | 1 | 10,000 | 1.4 | 334.4 (projected) | {machine} | 30.0 | 0.09× | 90.0 | 0.27× |" in markdown
+    assert f"| Breakout-v5 | 2 | 9,999,360 | 35.0 | 35.0 | {machine} | 40.0 | 1.14× | 80.0 | 2.29× |" in markdown
     assert "| Breakout-v5 | 1, 2 | 60.0 ± 10.0 | 400.0 ± 5.0 | 300.0 ± 6.0 |" in markdown
     assert "| Median | 0.600 [" in markdown
 
@@ -314,6 +315,7 @@ def test_missing_games_read_missing_never_zero(sweep: Path, anchors_dir: Path, t
     runtime_cells = alien_lines[0].strip("|").split("|")
     assert [cell.strip() for cell in runtime_cells] == [
         "Alien-v5",
+        "missing",
         "missing",
         "missing",
         "missing",
@@ -518,7 +520,7 @@ def test_runs_without_a_reference_are_reported_without_its_columns(tmp_path: Pat
     assert result.row("CartPole-v1").final_returns == (60.0,)
 
     markdown = (out / "report.md").read_text()
-    assert "| Game | Seeds | Steps (mean) | ppo_eqx min (measured) | ppo_eqx min at 10M |\n" in markdown
+    assert "| Game | Seeds | Steps (mean) | ppo_eqx min (measured) | ppo_eqx min at 10M | Machine |\n" in markdown
     assert "| Game | Seeds | ppo_eqx |\n" in markdown
     assert "| CartPole-v1 | 1 | 60.0 ± 0.0 |\n" in markdown
     for word in ("CleanRL", "PPO2", "Speed-up", "Human-normalised", "HNS"):
@@ -543,7 +545,8 @@ def test_a_game_without_a_reference_beside_reference_games_reads_n_a(
     assert result.aggregates.games == ("Breakout-v5", "Pong-v5", "Seaquest-v5")  # CartPole has no HNS
     markdown = (tmp_path / "out" / "report.md").read_text()
     # projected: 3 s for the first 512 steps, then 1 s per 512: 3 + (10M - 512) / 512 = 19,533.25 s
-    assert "| CartPole-v1 | 1 | 1,536 | 0.1 | 325.6 (projected) | n/a | n/a | n/a | n/a |" in markdown
+    line = "| CartPole-v1 | 1 | 1,536 | 0.1 | 325.6 (projected) | Test GPU, 1 run at once | n/a | n/a | n/a | n/a |"
+    assert line in markdown
     assert "| CartPole-v1 | 1 | 60.0 ± 0.0 | n/a | n/a |" in markdown
     assert "| CartPole-v1 | n/a | n/a | n/a (no human/random score) | n/a | n/a |" in markdown
 

@@ -137,8 +137,9 @@ def hardware_info(conv_impl: str | None = None) -> dict[str, Any]:
     Keys: those of ``cpu_info()``, cpu_count (logical CPUs, os.cpu_count()), gpu_name (None without a GPU),
     jax_version, jaxlib_version, envpool_version and ale_py_version (None when not installed), python_version,
     platform, xla_flags (the XLA_FLAGS environment variable, which can cap XLA's vector ISA; None when unset) and
-    conv_impl (the convolution route the run used, as its caller resolved it; None when not given) and kernel_isa
-    (``kernel_isa(conv_impl)``: what the CPU kernel is built for on the "kernel" route, else None).
+    conv_impl (the convolution route the run used, as its caller resolved it; None when not given), kernel_isa
+    (``kernel_isa(conv_impl)``: what the CPU kernel is built for on the "kernel" route, else None) and runs_at_once
+    (how many runs shared the machine, where ``bench/atari57.py`` said so).
     EnvPool and ALE are never imported: their versions come from the package metadata.
     """
     return {
@@ -154,4 +155,14 @@ def hardware_info(conv_impl: str | None = None) -> dict[str, Any]:
         "xla_flags": os.environ.get("XLA_FLAGS") or None,
         "conv_impl": conv_impl,
         "kernel_isa": kernel_isa(conv_impl),
+        "runs_at_once": _runs_at_once(),
     }
+
+
+def _runs_at_once() -> int | None:
+    """How many runs shared this machine (``PPO_EQX_RUNS_AT_ONCE``, which ``bench/atari57.py`` sets): a run's minutes
+    are read beside it. None when nobody said."""
+    try:
+        return int(os.environ["PPO_EQX_RUNS_AT_ONCE"])
+    except (KeyError, ValueError):
+        return None

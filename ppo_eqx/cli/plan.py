@@ -43,6 +43,11 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
             raise UsageError(f"{flag(name)} and --sweep {flag(name)[2:]}=... both set {name}; drop one")
     env_backend = backend(PPOConfig.env_backend if args.env_backend is None else args.env_backend)
     config = PPOConfig.for_task(PPOConfig.env_id if args.env_id is None else args.env_id, env_backend.name, **values)
+    if config.rollout_on == "host" and env_backend.state_is_data:
+        raise ConfigError(
+            f"rollout_on='host' steps host envs (EnvPool, ALE) on the host's CPU, and {env_backend.name}'s envs run "
+            "inside the program; allowed: rollout_on='device' or 'auto'"
+        )
     if config.async_batch_size and not env_backend.has_async:
         raise ConfigError(
             f"async_batch_size={config.async_batch_size} is not possible with --env-backend {env_backend.name}; "

@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from ..config import PPOConfig
+from ..core.envs import backend
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
 from ..errors import NonFiniteError, RunError
@@ -25,6 +26,7 @@ from ..host.checkpoint import checkpoint_name, save_checkpoint
 from ..host.loop import run_seeds
 from ..host.mesh import MeshPlacement, any_process
 from ..host.ownership import Manifest, never_trained
+from ..host.placement import placement_for, rollout_record
 from ..host.rundir import CHECKPOINT_DIR, METRICS, SUMMARY, truncate_metrics
 from ..host.trainer import Trainer
 from .hardware import hardware_info
@@ -139,16 +141,22 @@ class Supervisor:
         devices = "" if self.mesh is None else f" ({self.mesh.size} devices, {jax.process_count()} processes)"
         hardware = hardware_info(self.conv_impl)  # with the route the convolutions take here
         hardware["environment"] = plan.environment
+        chosen = backend(config.env_backend)
+        placement = (
+            MeshPlacement(config, self.mesh)
+            if self.mesh is not None
+            else placement_for(config, chosen.spec(config.env_id), state_is_data=chosen.state_is_data)
+        )
+        hardware["rollout"] = rollout_record(placement)
         self.say(
             f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps"
             f"{_agents(config)}, "
             f"run directory {plan.run_dir}, jax {jax.__version__} on {jax.default_backend()}{devices}, "
-            f"convolutions: {_route(hardware)}"
+            f"convolutions: {_route(hardware)}, rollout: {_rollout(hardware['rollout'])}"
         )
         if self.mesh is not None:
             hardware["mesh"] = {"devices": self.mesh.size, "processes": jax.process_count()}
         self.writers = self._make_writers(hardware) if self.writes else []
-        placement = None if self.mesh is None else MeshPlacement(config, self.mesh)
         self.trainer = Trainer(config, restore=self.restore, placement=placement, conv_impl=self.conv_impl)
         per_dispatch = config.iterations_per_dispatch
         program = "one iteration" if per_dispatch == 1 else f"a program of up to {per_dispatch} iterations"
@@ -332,6 +340,14 @@ def _route(hardware: dict[str, Any]) -> str:
     """The convolution route as the first line says it: ``kernel (avx2)``, ``matmul``, ``xla``."""
     isa = hardware["kernel_isa"]
     return hardware["conv_impl"] if isa is None else f"{hardware['conv_impl']} ({isa})"
+
+
+def _rollout(record: dict[str, Any]) -> str:
+    """Where the rollout ran, as the first line says it: ``device``, or ``host (cpu:0, kernel), learning on
+    cuda:0``."""
+    if record["on"] != "host":
+        return record["on"]
+    return f"host ({record['rollout_device']}, {record['rollout_conv_impl']}), learning on {record['learn_device']}"
 
 
 def _agents(config: PPOConfig) -> str:

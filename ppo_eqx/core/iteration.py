@@ -209,6 +209,64 @@ def over_agents(iteration: Iteration, *, shared_handle: bool = True) -> Iteratio
     return agents
 
 
+class Stages(NamedTuple):
+    """The iteration's two stages as functions of their arrays, for a placement that compiles them apart (the
+    rollout on the host's CPU, the learning on an accelerator: ``ppo_eqx.host.split``). Each is ``vmap``-ed over
+    the agents when ``sizes.num_agents`` > 1, as ``make_iteration`` is; the hyperparameters come first.
+
+    ``collect(hyperparameters, model, carry, key) -> (carry, batch, key, update_key, episode metrics)`` and
+    ``learn(hyperparameters, model, opt_state, batch, update_key) -> (model, opt_state, metrics)``: together they
+    compute what ``make_iteration`` computes, the metrics being the episode's and then the learning's.
+    """
+
+    collect: Callable[..., tuple[Carry, Batch, AgentKeys, PRNGKeyArray, Metrics]]
+    learn: Callable[..., tuple[ActorCritic, PyTree, Metrics]]
+
+
+def make_stages(collector: Collector, sizes: Sizes) -> Stages:
+    """``make_iteration``'s two stages apart (``Stages``)."""
+    update = one_device_update(sizes)
+
+    def collect_stage(
+        hyperparameters: AgentHyperparameters, model: ActorCritic, carry: Carry, key: PRNGKeyArray
+    ) -> tuple[Carry, Batch, PRNGKeyArray, PRNGKeyArray, Metrics]:
+        collected = collect(model, carry, key, hyperparameters, collector=collector)
+        metrics = episode_metrics(collected.carry.stats)
+        return collected.carry, collected.batch, collected.key, collected.update_key, metrics
+
+    def learn_stage(
+        hyperparameters: AgentHyperparameters, model: ActorCritic, opt_state: PyTree, batch: Batch, key: PRNGKeyArray
+    ) -> tuple[ActorCritic, PyTree, Metrics]:
+        return learn(model, opt_state, batch, hyperparameters, key, update=update)
+
+    if sizes.num_agents == 1:
+        return Stages(collect_stage, learn_stage)
+
+    def collect_agents(
+        hyperparameters: AgentHyperparameters, model: ActorCritic, carry: Carry, key: AgentKeys
+    ) -> tuple[Carry, Batch, AgentKeys, PRNGKeyArray, Metrics]:
+        carry_axes = _arrays(carry)
+        if collector.shared_handle:
+            carry_axes = eqx.tree_at(lambda c: c.handle, carry_axes, None, is_leaf=_is_none)
+        in_axes = (hyperparameters.axes(), _arrays(model), carry_axes, 0)
+        out_axes = (carry_axes, 0, 0, 0, 0)
+        return eqx.filter_vmap(collect_stage, in_axes=in_axes, out_axes=out_axes)(hyperparameters, model, carry, key)
+
+    def learn_agents(
+        hyperparameters: AgentHyperparameters, model: ActorCritic, opt_state: PyTree, batch: Batch, key: PRNGKeyArray
+    ) -> tuple[ActorCritic, PyTree, Metrics]:
+        in_axes = (hyperparameters.axes(), _arrays(model), _arrays(opt_state), 0, 0)
+        vmapped = eqx.filter_vmap(learn_stage, in_axes=in_axes, out_axes=(_arrays(model), _arrays(opt_state), 0))
+        return vmapped(hyperparameters, model, opt_state, batch, key)
+
+    return Stages(collect_agents, learn_agents)
+
+
+def _arrays(tree: PyTree) -> PyTree:
+    """``vmap`` axes of a tree stacked over agents: 0 for each array, None for anything else."""
+    return jax.tree.map(lambda x: 0 if eqx.is_array(x) else None, tree)
+
+
 def make_prime(collector: Collector, sizes: Sizes) -> Callable[[TrainState], TrainState]:
     """``collector.prime`` of a fresh pool (the state's carry from ``collector.carry``) with the state's model;
     with ``num_agents`` A > 1, each agent's (``vmap``-ed as the iteration is)."""

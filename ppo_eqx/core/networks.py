@@ -19,6 +19,7 @@ XLA:CPU's slow convolution gradients and has not been measured on an accelerator
 measures both there).
 """
 
+import copy
 import math
 from typing import Literal, get_args
 
@@ -393,6 +394,16 @@ class ActorCritic(eqx.Module):
         """Observations relaid out for the torso (frames only; vectors pass through). Pass the result with
         ``prepared=True`` to evaluate a batch many times without relaying it out each time."""
         return obs if self.torso is None else self.torso.prepare(obs, self.conv_impl)
+
+    def with_conv_impl(self, conv_impl: ConvRoute) -> "ActorCritic":
+        """This model with its convolutions computed by ``conv_impl``: the same arrays (shared), the same numbers
+        within float32 rounding. A placement that compiles the rollout for another device than the learning
+        gives each its own route."""
+        if conv_impl not in CONV_ROUTES:
+            raise ValueError(f"conv_impl={conv_impl!r} is not a route; allowed: {', '.join(map(repr, CONV_ROUTES))}")
+        model = copy.copy(self)
+        object.__setattr__(model, "conv_impl", conv_impl)  # a static field: not a leaf that eqx.tree_at can set
+        return model
 
     @property
     def num_actions(self) -> int:

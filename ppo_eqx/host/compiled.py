@@ -21,7 +21,8 @@ import jax
 
 DONATION_UNUSED = "Some donated buffers were not usable"
 """jax's warning when a donated input has no output of its shape to reuse: harmless (equinox hides it too)."""
-Donate = Literal["all", "all-except-first", "none"]
+Donate = Literal["all", "all-except-first", "none"] | tuple[int, ...]
+"""Which positional arguments' arrays a program may reuse: as ``eqx.filter_jit`` says it, or their positions."""
 
 
 class OwnJit:
@@ -48,11 +49,13 @@ class OwnJit:
             return arrays
 
         arrays_only.__name__ = arrays_only.__qualname__ = name
+        if isinstance(self._donate, tuple):
+            return jax.jit(arrays_only, donate_argnums=self._donate)
         first = {"all": 0, "all-except-first": 1, "none": count}[self._donate]
         return jax.jit(arrays_only, donate_argnums=tuple(range(first, count)))
 
     def _split(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        dynamic, static = eqx.partition(args, eqx.is_array)
+        dynamic, static = eqx.partition(args, _is_dynamic)
         fixed = self._box.setdefault("static", static)
         if fixed is not static and not _same_static(fixed, static):
             raise RuntimeError(f"{self._name} was called with other non-array arguments than at first")
@@ -67,10 +70,18 @@ class OwnJit:
             arrays = self._jit(*dynamic)
         return eqx.combine(arrays, self._box["out"])
 
-    def lower(self, *args: Any) -> Any:
-        """``jax.jit(...).lower`` for these arguments (``.compile()`` it ahead of the first call)."""
+    def compile(self, *args: Any) -> None:
+        """Compile the program for arguments like these (arrays, or ``jax.ShapeDtypeStruct`` for what is not
+        computed yet) ahead of the first call, which then runs it without a trace."""
         dynamic = self._split(args)
-        return self._jit.lower(*dynamic)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=DONATION_UNUSED)
+            self._jit.lower(*dynamic).compile()
+
+
+def _is_dynamic(x: Any) -> bool:
+    """An array, or the shape and dtype of one (what ``lower`` takes for an argument not computed yet)."""
+    return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
 def _same_static(first: Any, now: Any) -> bool:

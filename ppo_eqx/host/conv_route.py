@@ -12,11 +12,12 @@ from ..core.networks import ConvRoute
 from ..errors import ConfigError
 
 
-def kernel_unavailable_reason() -> str | None:
-    """Why the "kernel" route cannot run here (the backend is not the CPU, or the kernel does not build), or
-    None when it can."""
-    if jax.default_backend() != "cpu":
-        return f"the CPU kernel runs on the CPU backend only, not {jax.default_backend()!r}"
+def kernel_unavailable_reason(platform: str | None = None) -> str | None:
+    """Why the "kernel" route cannot run on ``platform`` (default: jax's default backend): it is not the CPU, or
+    the kernel does not build; None when it can."""
+    platform = platform or jax.default_backend()
+    if platform != "cpu":
+        return f"the CPU kernel runs on the CPU backend only, not {platform!r}"
     try:
         cpu_kernel.load()
     except cpu_kernel.KernelUnavailable as error:
@@ -24,24 +25,25 @@ def kernel_unavailable_reason() -> str | None:
     return None
 
 
-def resolve_conv_impl(conv_impl: ConvImpl, obs_shape: tuple[int, ...]) -> ConvRoute:
-    """The route a model of observations ``obs_shape`` takes for ``conv_impl``. "auto", for frames, is "xla" off
-    the CPU backend and, on it, "kernel" where the kernel builds (``cpu_kernel.available()``), else "matmul"; for
-    vectors, which have no convolutions, "matmul". "kernel" where it cannot run is a ConfigError naming why. Any
-    other value is itself."""
+def resolve_conv_impl(conv_impl: ConvImpl, obs_shape: tuple[int, ...], *, platform: str | None = None) -> ConvRoute:
+    """The route a model of observations ``obs_shape`` takes for ``conv_impl`` on ``platform`` (default: jax's
+    default backend). "auto", for frames, is "xla" off the CPU and, on it, "kernel" where the kernel builds
+    (``cpu_kernel.available()``), else "matmul"; for vectors, which have no convolutions, "matmul". "kernel" where
+    it cannot run is a ConfigError naming why. Any other value is itself."""
+    platform = platform or jax.default_backend()
     if conv_impl not in ("auto", "kernel") or len(obs_shape) != 3:
         return "matmul" if conv_impl == "auto" else conv_impl
     if conv_impl == "auto":
-        if jax.default_backend() != "cpu":
+        if platform != "cpu":
             return "xla"
         return "kernel" if cpu_kernel.available() else "matmul"
-    reason = kernel_unavailable_reason()
+    reason = kernel_unavailable_reason(platform)
     if reason is not None:
         raise ConfigError(f"conv_impl='kernel' is unavailable: {reason}; allowed: auto, matmul or xla")
     return "kernel"
 
 
-def resolve_conv_impl_for(conv_impl: ConvImpl, spec: EnvSpec) -> ConvRoute:
+def resolve_conv_impl_for(conv_impl: ConvImpl, spec: EnvSpec, *, platform: str | None = None) -> ConvRoute:
     """``resolve_conv_impl`` for the model of ``spec``'s observations: only frames are convolved (a MinAtar grid,
     3-D too, goes through MLPs), so anything else takes "matmul" for "auto" and builds no kernel."""
-    return resolve_conv_impl(conv_impl, spec.obs_shape if spec.kind == "frames" else ())
+    return resolve_conv_impl(conv_impl, spec.obs_shape if spec.kind == "frames" else (), platform=platform)

@@ -66,6 +66,11 @@ def check_mesh_config(config: PPOConfig, mesh: Mesh) -> None:
             f"env_backend='gymnax' cannot train on a mesh of {num_devices} devices (not done yet); allowed: "
             "envpool, ale"
         )
+    if config.rollout_on == "host":
+        raise ConfigError(
+            f"rollout_on='host' cannot train on a mesh of {num_devices} devices (each process steps its envs in the "
+            "mesh's program); allowed: rollout_on='device' or 'auto'"
+        )
     if config.iterations_per_dispatch != 1:
         raise ConfigError(
             f"iterations_per_dispatch={config.iterations_per_dispatch} cannot train on a mesh of {num_devices} "
@@ -211,5 +216,5 @@ class _MeshProgram:
 
     def compile(self, state: TrainState) -> None:
         model_and_hyperparameters = (local(state.model), local(state.hyperparameters))
-        self._collect.lower(model_and_hyperparameters, state.carry, state.key).compile()
+        self._collect.compile(model_and_hyperparameters, state.carry, state.key)
         self.placement.compile_learn(state)

@@ -3,8 +3,9 @@ iteration (or a chunk of iterations) as one jitted program on the default device
 .MeshPlacement`` is the other)."""
 
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+import jax
 import jax.numpy as jnp
 
 from ..config import PPOConfig
@@ -13,6 +14,7 @@ from ..core.envs import EnvSpec
 from ..core.iteration import Metrics, make_iteration, make_prime, over_iterations
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, TrainState
+from ..errors import ConfigError
 from ..hyperparameters import AgentHyperparameters, Sizes
 from .checkpoint import fresh_agents
 from .compiled import own_jit
@@ -68,8 +70,8 @@ class _Jitted:
         return self._prime(state)
 
     def compile(self, state: TrainState) -> None:
-        self._prime.lower(state).compile()
-        self._run.lower(*self._args(state, 1)).compile()
+        self._prime.compile(state)
+        self._run.compile(*self._args(state, 1))
 
 
 class OneDevice:
@@ -98,3 +100,44 @@ def init_state(config: PPOConfig, spec: EnvSpec, collector: Collector, *, conv_i
     carry = collector.carry(agents.envs)
     hyperparameters = config.agent_hyperparameters()
     return TrainState(agents.model, agents.opt_state, carry, agents.key, agents.iteration, hyperparameters)
+
+
+def rollout_place(rollout_on: str) -> str:
+    """Where ``config.rollout_on`` compiles the rollout on this machine: "device" (the whole iteration one program
+    on the default device) or "host" (``split.SplitPlacement``). "auto" is "device" everywhere: the host route is
+    built for an accelerator whose per-step round trip to EnvPool's host envs costs more than the host's CPU
+    spends on the policy's forward pass, and it is the default only where a measurement says so (none has been
+    made on a GPU yet: ``bench/device_check.py`` measures both)."""
+    return "device" if rollout_on == "auto" else rollout_on
+
+
+def placement_for(config: PPOConfig, spec: EnvSpec, *, state_is_data: bool) -> Placement:
+    """The placement ``config.rollout_on`` asks for here: ``OneDevice``, or the rollout on the host's CPU and the
+    learning on the default device (``SplitPlacement``, its rollout's convolutions on the CPU's route)."""
+    if rollout_place(config.rollout_on) == "device":
+        return OneDevice()
+    if state_is_data:
+        raise ConfigError(
+            f"rollout_on={config.rollout_on!r} steps host envs (EnvPool, ALE) on the host's CPU, and "
+            f"{config.env_backend}'s envs run inside the program; allowed: rollout_on='device' or 'auto'"
+        )
+    from .conv_route import resolve_conv_impl_for
+    from .split import SplitPlacement
+
+    rollout_conv = resolve_conv_impl_for(config.conv_impl, spec, platform="cpu")  # type: ignore[arg-type]
+    return SplitPlacement(jax.devices("cpu")[0], jax.devices()[0], rollout_conv=rollout_conv)
+
+
+def rollout_record(placement: Placement) -> dict[str, Any]:
+    """Where ``placement`` runs the rollout, for ``hardware.json``: ``on`` "device" (one program, or a mesh's
+    two) or "host" with the rollout's device and convolutions' route and the learning's device."""
+    from .split import SplitPlacement
+
+    if not isinstance(placement, SplitPlacement):
+        return {"on": "device"}
+    return {
+        "on": "host",
+        "rollout_device": f"{placement.rollout_device.platform}:{placement.rollout_device.id}",
+        "rollout_conv_impl": placement.rollout_conv,
+        "learn_device": f"{placement.learn_device.platform}:{placement.learn_device.id}",
+    }

@@ -1,11 +1,12 @@
 """The envs of a run: the seeds of a pool's envs (``pool_env_seeds``), which of them this process steps
 (``EnvShare``), and a pool with the collector that fits it (``make_collector``)."""
 
+import os
 from typing import NamedTuple
 
 from ..config import PPOConfig
 from ..core.collect import Collector, async_collector, jax_env_collector, sync_collector
-from ..core.envs import AsyncPool, EnvBackend, Pool, segment_env_seeds
+from ..core.envs import AsyncPool, EnvBackend, EnvThreads, Pool, segment_env_seeds
 
 
 class EnvShare(NamedTuple):
@@ -23,15 +24,24 @@ def pool_env_seeds(config: PPOConfig, iteration: int) -> list[int]:
     return [s for agent in config.agent_configs() for s in segment_env_seeds(agent.seed, iteration, config.num_envs)]
 
 
+def env_threads(config: PPOConfig, num_envs: int) -> EnvThreads:
+    """The threads that step a pool of ``num_envs`` envs: ``config.num_threads``, or where it is 0 one per env, at
+    most one per core this process may run on (EnvPool's own default counts every core of the machine, those a
+    container or ``taskset`` withholds too); pinned from ``config.thread_affinity_offset`` on."""
+    count = config.num_threads or min(num_envs, len(os.sched_getaffinity(0)))
+    return EnvThreads(min(count, num_envs), config.thread_affinity_offset)
+
+
 def make_collector(
     env_backend: EnvBackend, config: PPOConfig, seeds: list[int], share: EnvShare
 ) -> tuple[Pool | AsyncPool, Collector]:
     """A pool of ``seeds`` envs and its collector: EnvPool's async one when ``config.async_batch_size`` > 0,
     ``jax_env_collector`` where the backend's env state is data, else ``sync_collector``."""
+    threads = env_threads(config, len(seeds))
     if config.async_batch_size:
-        pool = env_backend.make_async(config.env_id, seeds, config.async_batch_size)
+        pool = env_backend.make_async(config.env_id, seeds, config.async_batch_size, threads=threads)
         return pool, async_collector(pool, num_steps=config.num_steps)
-    pool = env_backend.make(config.env_id, seeds)
+    pool = env_backend.make(config.env_id, seeds, threads=threads)
     if env_backend.state_is_data:
         collector = jax_env_collector(
             pool,

@@ -30,7 +30,7 @@ from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
 from .checkpoint import init_checkpoint
 from .conv_route import resolve_conv_impl_for
-from .placement import OneDevice, Placement, Program
+from .placement import Placement, Program, placement_for
 from .pools import make_collector, pool_env_seeds
 
 
@@ -78,7 +78,8 @@ class Trainer:
     statistics (or, where the env state is data, the envs as they were saved). ``conv_impl`` is how a fresh
     model computes its convolutions (default: ``config.conv_impl`` resolved here, ``resolve_conv_impl_for``);
     ``trainer.conv_impl`` is what the model computes. ``placement`` says
-    where the iteration runs (default ``OneDevice()``; ``mesh.MeshPlacement`` for devices and hosts);
+    where the iteration runs (default: what ``config.rollout_on`` asks for, ``placement_for``: ``OneDevice()``, or
+    ``split.SplitPlacement`` with the rollout on the host's CPU; ``mesh.MeshPlacement`` for devices and hosts);
     ``env_backend`` makes the envs (default: ``config.env_backend``'s). Use it as a context manager, or call
     ``close()`` when done.
     """
@@ -94,8 +95,8 @@ class Trainer:
     ):
         self.config = config.validate()
         self.backend = env_backend or backend(config.env_backend)
-        self.placement = placement or OneDevice()
         self.spec: EnvSpec = self.backend.spec(config.env_id)
+        self.placement = placement or placement_for(config, self.spec, state_is_data=self.backend.state_is_data)
         if restore is None:
             conv_impl = conv_impl or resolve_conv_impl_for(config.conv_impl, self.spec)  # type: ignore[arg-type]
             restore = init_checkpoint(config, self.spec, conv_impl=conv_impl, env_backend=self.backend)

@@ -45,6 +45,20 @@ BACKENDS = {
 """Backend name -> where it lives and what it needs."""
 
 
+class EnvThreads(NamedTuple):
+    """How a host backend's envs are stepped (EnvPool's and ALE's ``num_threads`` and ``thread_affinity_offset``):
+    ``count`` threads (0: the backend's own choice), the i-th pinned to core ``first_core + i`` (-1: not pinned).
+    They change how fast a synchronous pool steps, never what it computes; a backend whose envs run in the program
+    (gymnax) has none."""
+
+    count: int = 0
+    first_core: int = -1
+
+
+BACKEND_THREADS = EnvThreads()
+"""The backend's own choice of threads, not pinned."""
+
+
 class EnvSpec(NamedTuple):
     env_id: str
     obs_shape: tuple[int, ...]
@@ -109,11 +123,15 @@ class EnvBackend(Protocol):
         whose actions are not discrete."""
         ...
 
-    def make(self, env_id: str, seeds: Sequence[int], *, render: bool = False) -> Pool:
-        """``len(seeds)`` envs of ``env_id``, env i seeded with ``seeds[i]``, reset."""
+    def make(
+        self, env_id: str, seeds: Sequence[int], *, render: bool = False, threads: EnvThreads = BACKEND_THREADS
+    ) -> Pool:
+        """``len(seeds)`` envs of ``env_id``, env i seeded with ``seeds[i]``, reset, stepped by ``threads``."""
         ...
 
-    def make_async(self, env_id: str, seeds: Sequence[int], batch_size: int) -> AsyncPool:
+    def make_async(
+        self, env_id: str, seeds: Sequence[int], batch_size: int, *, threads: EnvThreads = BACKEND_THREADS
+    ) -> AsyncPool:
         """``len(seeds)`` envs received ``batch_size`` at a time; ConfigError where the backend has no async pool."""
         ...
 

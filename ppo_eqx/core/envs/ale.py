@@ -32,7 +32,7 @@ from jaxtyping import Array, Bool, Int, UInt8
 
 from ...errors import ConfigError
 from .._types import EnvOutput
-from . import AsyncPool, EnvSpec, Pool
+from . import BACKEND_THREADS, AsyncPool, EnvSpec, EnvThreads, Pool
 
 SETTINGS: dict[str, Any] = {
     "max_num_frames_per_episode": 108_000,  # EnvPool's max_episode_steps=27000 steps of 4 frames
@@ -141,10 +141,12 @@ class AleBackend:
     def spec(self, env_id: str) -> EnvSpec:
         return _spec(env_id)
 
-    def make(self, env_id: str, seeds: Sequence[int], *, render: bool = False) -> Pool:
+    def make(
+        self, env_id: str, seeds: Sequence[int], *, render: bool = False, threads: EnvThreads = BACKEND_THREADS
+    ) -> Pool:
         if render:
             raise ConfigError("ALE's vector env cannot render its screens; allowed for videos: --env-backend envpool")
-        env = _vector_env(env_id, len(seeds))
+        env = _vector_env(env_id, len(seeds), num_threads=threads.count, thread_affinity_offset=threads.first_core)
         ale_handle, _reset_call, xla_step = env.xla()
         first_obs, info = _reset(env, seeds)
         num_envs = len(seeds)
@@ -160,7 +162,9 @@ class AleBackend:
 
         return Pool(_spec(env_id), handle, step, first_obs, env.close, no_render)
 
-    def make_async(self, env_id: str, seeds: Sequence[int], batch_size: int) -> AsyncPool:
+    def make_async(
+        self, env_id: str, seeds: Sequence[int], batch_size: int, *, threads: EnvThreads = BACKEND_THREADS
+    ) -> AsyncPool:
         raise ConfigError(
             f"async_batch_size={batch_size} is not possible with --env-backend ale; allowed: 0 with --env-backend ale"
         )

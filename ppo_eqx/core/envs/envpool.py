@@ -18,7 +18,7 @@ from jaxtyping import Array, Int
 
 from ...errors import ConfigError
 from .._types import EnvOutput
-from . import AsyncEnv, AsyncPool, EnvSpec, Pool
+from . import BACKEND_THREADS, AsyncEnv, AsyncPool, EnvSpec, EnvThreads, Pool
 
 
 @contextlib.contextmanager
@@ -53,9 +53,10 @@ def _spec(env_id: str) -> EnvSpec:
     return EnvSpec(env_id, shape, dtype, int(space.n), kind)
 
 
-def _make(env_id: str, seeds: Sequence[int], **kwargs: Any) -> Any:
+def _make(env_id: str, seeds: Sequence[int], threads: EnvThreads, **kwargs: Any) -> Any:
     spec = _spec(env_id)
     kwargs.update(env_type="gymnasium", num_envs=len(seeds), seed=int(seeds[0]), env_seed=[int(s) for s in seeds])
+    kwargs.update(num_threads=threads.count, thread_affinity_offset=threads.first_core)
     if spec.kind == "frames":
         kwargs.update(episodic_life=True, reward_clip=True)
     with _quiet_gymnasium():
@@ -91,8 +92,10 @@ class EnvPoolBackend:
     def spec(self, env_id: str) -> EnvSpec:
         return _spec(env_id)
 
-    def make(self, env_id: str, seeds: Sequence[int], *, render: bool = False) -> Pool:
-        pool = _make(env_id, seeds, **({"render_mode": "rgb_array"} if render else {}))
+    def make(
+        self, env_id: str, seeds: Sequence[int], *, render: bool = False, threads: EnvThreads = BACKEND_THREADS
+    ) -> Pool:
+        pool = _make(env_id, seeds, threads, **({"render_mode": "rgb_array"} if render else {}))
         spec = _spec(env_id)
         with _quiet_gymnasium():
             handle, _recv, _send, xla_step = pool.xla()
@@ -104,8 +107,10 @@ class EnvPoolBackend:
 
         return Pool(spec, jnp.asarray(handle), step, first_obs, pool.close, lambda i: pool.render(env_ids=i)[0])
 
-    def make_async(self, env_id: str, seeds: Sequence[int], batch_size: int) -> AsyncPool:
-        pool = _make(env_id, seeds, batch_size=batch_size)
+    def make_async(
+        self, env_id: str, seeds: Sequence[int], batch_size: int, *, threads: EnvThreads = BACKEND_THREADS
+    ) -> AsyncPool:
+        pool = _make(env_id, seeds, threads, batch_size=batch_size)
         spec = _spec(env_id)
         with _quiet_gymnasium():
             handle, xla_recv, xla_send, _step = pool.xla()

@@ -25,7 +25,7 @@ from jaxtyping import Array, Int, PyTree, UInt32
 
 from ...errors import ConfigError
 from .._types import EnvOutput, ObsKind
-from . import AsyncPool, EnvSpec, Pool
+from . import BACKEND_THREADS, AsyncPool, EnvSpec, EnvThreads, Pool
 
 SUPPORTED = (
     "CartPole-v1",
@@ -115,7 +115,9 @@ class GymnaxBackend:
     def spec(self, env_id: str) -> EnvSpec:
         return _spec(env_id)
 
-    def make(self, env_id: str, seeds: Sequence[int], *, render: bool = False) -> Pool:
+    def make(
+        self, env_id: str, seeds: Sequence[int], *, render: bool = False, threads: EnvThreads = BACKEND_THREADS
+    ) -> Pool:
         if render:
             raise ConfigError("gymnax's envs do not render screens here; allowed for videos: --env-backend envpool")
         handle, first_obs = reset(env_id, seeds)
@@ -125,7 +127,9 @@ class GymnaxBackend:
 
         return Pool(_spec(env_id), handle, make_step(env_id), first_obs, lambda: None, no_render)
 
-    def make_async(self, env_id: str, seeds: Sequence[int], batch_size: int) -> AsyncPool:
+    def make_async(
+        self, env_id: str, seeds: Sequence[int], batch_size: int, *, threads: EnvThreads = BACKEND_THREADS
+    ) -> AsyncPool:
         raise ConfigError(
             f"async_batch_size={batch_size} is not possible with --env-backend gymnax; allowed: 0 with --env-backend "
             "gymnax"
