@@ -364,8 +364,11 @@ def measure(
     try:
         deadline = time.monotonic() + 600
         while not all(_rows(run) for run in runs):
-            if time.monotonic() > deadline or any(p is None or p.poll() is not None for p in processes):
-                raise SystemExit(f"error: a run of the measurement ended or did not compile: see {runs[0].log_path}")
+            ended = [run for run, p in zip(runs, processes, strict=True) if p is None or p.poll() is not None]
+            if ended or time.monotonic() > deadline:
+                log = (ended or runs)[0].log_path
+                tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-3:]) if log.exists() else ""
+                raise SystemExit(f"error: a run of the measurement ended or did not compile ({log}): {tail[-800:]}")
             time.sleep(POLL_SECONDS)
         start, before = time.monotonic(), [_rows(run) for run in runs]
         time.sleep(seconds)

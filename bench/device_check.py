@@ -108,8 +108,8 @@ QUICK = Settings(
     host_sizes=(8,),
     host_threads=(0, 2),
     host_steps=20,
-    atari57_games=2,
-    atari57_measure_s=20.0,
+    atari57_games=1,
+    atari57_measure_s=5.0,
     budget_s=360.0,
 )
 
@@ -202,8 +202,9 @@ def script_part(settings: Settings, *, script: str, args: list[str]) -> dict[str
     with tempfile.TemporaryDirectory(prefix="device_check_") as tmp:
         out = Path(tmp) / "result.json"
         args = [a.replace("{tmp}", tmp) for a in args]
-        done = subprocess.run([sys.executable, str(HERE.parent / script), *args, "--json", str(out)], text=True,
-                              capture_output=True)  # fmt: skip
+        at = args.index("--") if "--" in args else len(args)  # what follows "--" is the script's trainer's
+        command = [sys.executable, str(HERE.parent / script), *args[:at], "--json", str(out), *args[at:]]
+        done = subprocess.run(command, text=True, capture_output=True)
         if done.returncode != 0 or not out.exists():
             tail = " | ".join(done.stderr.strip().splitlines()[-4:])
             raise RuntimeError(f"{script} exited {done.returncode}: {tail[-1200:]}")
@@ -352,7 +353,15 @@ def measurement_parts(
     ]
     if peers.get("cleanrl_script"):
         args = ["--cleanrl-script", peers["cleanrl_script"], "--cleanrl-python", peers["cleanrl_python"]]
-        args += ["--iterations", str(settings.warmup + settings.iterations // 3)]
+        args += ["--iterations", str(max(3, settings.warmup + settings.iterations // 3)), "--conv-impl", auto]
+        args += [
+            "--env-id",
+            settings.env_id,
+            "--num-envs",
+            str(settings.num_envs),
+            "--num-steps",
+            str(settings.num_steps),
+        ]
         parts.append(("cleanrl_side_by_side", "script", {"script": "cleanrl_side_by_side.py", "args": args}))
     games = ["--games", *list(ATARI_57)[: settings.atari57_games], "--seeds", "1", "--sweep-dir", "{tmp}/sweep"]
     measure = ["--jobs", "auto", "--measure-s", str(settings.atari57_measure_s)]

@@ -30,23 +30,57 @@ def numbers(row: dict[str, Any]) -> list[float]:
     return [v for v in row.values() if isinstance(v, int | float) and not isinstance(v, bool)]
 
 
+FAKE_CLEANRL = """
+import argparse, time
+parser = argparse.ArgumentParser()
+for name in ("--env-id", "--seed", "--num-envs", "--num-steps", "--total-timesteps"):
+    parser.add_argument(name)
+args = parser.parse_args()
+batch = int(args.num_envs) * int(args.num_steps)
+for iteration in range(1, int(args.total_timesteps) // batch + 1):
+    time.sleep(0.05)
+    print(f"global_step={iteration * batch}, avg_episodic_return=0.0", flush=True)
+    print(f"SPS: {int(batch / 0.05)}", flush=True)
+"""
+HOST = ["host_step_8_t0", "host_step_8_t0_pinned", "host_step_8_t2", "host_step_8_t2_pinned"]
+"""EnvPool's own host step, quick: 8 envs at its default threads and at 2, each unpinned and pinned from core 0."""
+
+
 def test_quick_runs_every_part_with_finite_numbers(tmp_path: Path) -> None:
-    # A generous budget: on a loaded machine this checks that every part works, not how fast.
-    results = run_check(tmp_path / "quick.json", "--quick", "--budget-s", "1200", timeout=1500)
+    # A generous budget: on a loaded machine this checks that every part works, not how fast. A stand-in for
+    # CleanRL's script (it prints what CleanRL's prints), so that the side-by-side part runs as on a GPU machine.
+    fake = tmp_path / "fake_cleanrl.py"
+    fake.write_text(FAKE_CLEANRL)
+    flags = ("--quick", "--budget-s", "1200", "--cleanrl-script", str(fake), "--cleanrl-python", sys.executable)
+    results = run_check(tmp_path / "quick.json", *flags, timeout=1500)
     header, rows = results["header"], results["rows"]
     environment = header["environment"]
     assert environment["backend"] == "cpu"
     assert environment["matmul_gflops"] > 0 and math.isfinite(environment["matmul_gflops"])
     assert environment["xla_python_client_mem_fraction"] is not None
-    kernel = ["train_kernel"] if environment["auto_conv_impl"] == "kernel" else []
+    topology = environment["cpu_topology"]
+    assert topology["nproc"] >= 1 and topology["affinity_cpus"] >= 1 and topology["kernel"], topology
+    auto = environment["auto_conv_impl"]
+    others = [f"train_{route}" for route in ("xla", "matmul", "kernel") if route != auto and route != "kernel"]
     gymnax = ["gymnax_cartpole_2"] if importlib.util.find_spec("gymnax") else []
-    expected = ["env_only_8", "env_only_16", "train_xla", "train_matmul", *kernel, *gymnax, "seeds_2", "async"]
+    ale = ["ale_vector_8_t0"] if importlib.util.find_spec("ale_py") else []
+    expected = [*HOST, "env_only_8", "env_only_16", "env_only_cpu_8", *ale, f"train_{auto}"]
+    expected += [f"train_{auto}_rollout_on_host", "cleanrl_side_by_side", "atari57_plan", *others, "async"]
+    expected += ["seeds_2", *gymnax]
     assert [row["part"] for row in rows] == expected == header["parts"]
     for row in rows:
         assert row["status"] == "ok", row
         assert all(math.isfinite(v) for v in numbers(row)), row
-        assert row["env_steps_per_s"] > 0
-    for row in rows[2:]:
+    by_part = {row["part"]: row for row in rows}
+    assert by_part["cleanrl_side_by_side"]["cleanrl_steady_sps"] > 0
+    assert by_part["cleanrl_side_by_side"]["ppo-eqx_steady_sps"] > 0
+    assert by_part["atari57_plan"]["env_steps_per_s"] > 0 and by_part["atari57_plan"]["runs_at_once"] == 1
+    assert by_part[f"train_{auto}_rollout_on_host"]["rollout_on"] == "host"
+    trained = [row for row in rows if row["part"].startswith(("train_", "async", "seeds_", "gymnax_"))]
+    for row in rows:
+        if row not in trained and row["part"] not in ("cleanrl_side_by_side", "atari57_plan"):
+            assert row["env_steps_per_s"] > 0, row
+    for row in trained:
         assert row["compile_s"] > 0 and row["peak_rss_mib"] > 0
         assert row["env_steps_per_s_per_agent"] * row["num_seeds"] == pytest.approx(row["env_steps_per_s"])
         assert row["device_peak_mib"] is None  # the CPU keeps no memory statistics
