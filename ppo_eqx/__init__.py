@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .core.envs import make_async_pool as make_async_pool
     from .core.envs import make_pool as make_pool
     from .core.gae import compute_gae as compute_gae
+    from .core.hyperparameters import AgentHyperparameters as AgentHyperparameters
     from .core.iteration import make_iteration as make_iteration
     from .core.iteration import make_prime as make_prime
     from .core.iteration import over_iterations as over_iterations
@@ -64,7 +65,6 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .host.loop import train as train
     from .host.placement import init_state as init_state
     from .host.trainer import Trainer as Trainer
-    from .hyperparameters import AgentHyperparameters as AgentHyperparameters
     from .settings import Hyperparameters as Hyperparameters
     from .settings import Sizes as Sizes
 else:

@@ -18,7 +18,7 @@ from .presets import preset_for
 from .settings import FLOAT32_MAX, FieldRange, Hyperparameters, Sizes, config_field
 
 if TYPE_CHECKING:  # the array face imports jax: config.py stays jax-free for the command line's parser
-    from .hyperparameters import AgentHyperparameters
+    from .core.hyperparameters import AgentHyperparameters
 
 ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
 """How convolutions are computed: a route (``core.networks.ConvRoute``) or "auto", resolved at the edge
@@ -213,7 +213,7 @@ class PPOConfig(Hyperparameters):
 
     def agent_hyperparameters(self) -> "AgentHyperparameters":
         """The agents' ``Hyperparameters`` as arrays: shared ones scalars, swept ones ``[num_agents]``."""
-        from .hyperparameters import AgentHyperparameters
+        from .core.hyperparameters import AgentHyperparameters
 
         return AgentHyperparameters.of(self.agent_configs())
 

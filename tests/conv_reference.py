@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from ppo_eqx.core import cpu_kernel
+from ppo_eqx.host import kernel_build
 
 ATARI_SHAPE = (4, 84, 84)
 needs_compiler = pytest.mark.skipif(
-    cpu_kernel.find_compiler() is None, reason="no C++ compiler to build the CPU kernel"
+    kernel_build.find_compiler() is None, reason="no C++ compiler to build the CPU kernel"
 )
 needs_kernel = pytest.mark.skipif(
-    cpu_kernel.find_compiler() is None or not cpu_kernel.cpu_supports("native"),
+    kernel_build.find_compiler() is None or not kernel_build.cpu_supports("native"),
     reason="the CPU kernel needs a C++ compiler and AVX2 with FMA",
 )
 

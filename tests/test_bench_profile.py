@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from ppo_eqx.core import cpu_kernel
+from ppo_eqx.host import kernel_build
 
 from .bench_scripts import load_bench_script
 from .conv_reference import needs_kernel
@@ -44,6 +45,7 @@ def test_describe_says_forward_or_backward(profile: ModuleType) -> None:
 @pytest.mark.subprocess  # compiles the CPU kernel where it is not cached
 @needs_kernel
 def test_kernel_flops_of_the_first_convolution(profile: ModuleType) -> None:
+    kernel_build.load()
     frames = jnp.zeros((3, 16, 6, 9), jnp.uint8)
     kernel, bias = jnp.ones((2, 2, 16, 32)), jnp.zeros(32)
 

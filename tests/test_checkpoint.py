@@ -9,8 +9,8 @@ import pytest
 
 import ppo_eqx.host.rundir as rundir
 from ppo_eqx import ActorCritic, Checkpoint, CheckpointError, PPOConfig
-from ppo_eqx.core import cpu_kernel
 from ppo_eqx.core.envs import env_spec, segment_env_seeds
+from ppo_eqx.host import kernel_build
 from ppo_eqx.host.checkpoint import (
     check_same_run,
     init_checkpoint,
@@ -178,8 +178,8 @@ def test_building_a_model_or_loading_a_checkpoint_starts_no_compiler(tmp_path, m
     def compiles(*args: object) -> None:
         raise AssertionError("the CPU kernel was looked for, built or loaded")
 
-    for name in ("available", "load", "build", "library_path", "find_compiler"):
-        monkeypatch.setattr(cpu_kernel, name, compiles)
+    for name in ("unavailable_reason", "load", "build", "built", "library_path", "find_compiler"):
+        monkeypatch.setattr(kernel_build, name, compiles)
     model = ActorCritic(atari_spec.obs_shape, atari_spec.num_actions, conv_impl="kernel", key=jax.random.PRNGKey(0))
     loaded = load_checkpoint(read_checkpoint(path), atari, atari_spec, conv_impl="kernel")
     assert model.conv_impl == loaded.model.conv_impl == "kernel"

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from ppo_eqx.cli import main
-from ppo_eqx.core import cpu_kernel
+from ppo_eqx.host import kernel_build
 
 pytestmark = pytest.mark.subprocess
 
@@ -50,7 +50,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, tmp_path):
 def test_the_cpu_kernel_where_it_cannot_build_is_refused_before_anything_is_written(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("PPO_EQX_CACHE", str(tmp_path / "cache"))  # not built there yet
     monkeypatch.setenv("CXX", str(tmp_path / "no-compiler"))
-    monkeypatch.setattr(cpu_kernel, "load", cpu_kernel.load.__wrapped__)  # not the load this process already did
+    monkeypatch.setattr(kernel_build, "_loaded", {})  # not the kernel this process already loaded
     argv = ["train", "--env-id", "Breakout-v5", "--conv-impl", "kernel", "--run-dir", str(tmp_path / "run")]
     assert main(argv) == 2
     line = error_line(capsys)
@@ -121,7 +121,7 @@ def test_run_directory_contents(capsys, tmp_path):
 
 
 @pytest.mark.skipif(
-    cpu_kernel.find_compiler() is None or not cpu_kernel.cpu_supports("avx2"), reason="needs a compiler and AVX2"
+    kernel_build.find_compiler() is None or not kernel_build.cpu_supports("avx2"), reason="needs a compiler and AVX2"
 )
 def test_auto_takes_the_avx2_kernel_says_so_and_records_it(tmp_path):
     # The kernel built for AVX2 alone (as on AMD Zen 1-3): "auto" takes it, the first line and hardware.json say so.
@@ -133,7 +133,7 @@ def test_auto_takes_the_avx2_kernel_says_so_and_records_it(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, cpu_kernel.ISA_VARIABLE: "avx2"},
+        env={**os.environ, kernel_build.ISA_VARIABLE: "avx2"},
     )
     assert result.returncode == 0, result.stderr
     assert "convolutions: kernel (avx2)" in result.stdout.splitlines()[0]

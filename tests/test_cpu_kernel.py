@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from ppo_eqx.core import cpu_kernel
 from ppo_eqx.core.networks import Conv
 from ppo_eqx.errors import ConfigError
+from ppo_eqx.host import kernel_build
 from ppo_eqx.host.conv_route import resolve_conv_impl
 
 from .conv_reference import ATARI_SHAPE, needs_compiler, needs_kernel, numpy_conv
@@ -37,7 +38,7 @@ SHAPES = [
 
 # The ISAs the kernel is built for (its vectors: 16 floats and 8), each checked where this CPU runs it.
 ISAS = [
-    pytest.param(isa, marks=pytest.mark.skipif(not cpu_kernel.cpu_supports(isa), reason=f"this CPU has no {isa}"))
+    pytest.param(isa, marks=pytest.mark.skipif(not kernel_build.cpu_supports(isa), reason=f"this CPU has no {isa}"))
     for isa in ("avx512", "avx2")
 ]
 
@@ -46,19 +47,25 @@ ISAS = [
 def built_for(isa):
     """The kernel built for ``isa`` ($PPO_EQX_KERNEL_ISA, its own library) in the block; the one before it after."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(cpu_kernel.ISA_VARIABLE, isa)
+        patch.setenv(kernel_build.ISA_VARIABLE, isa)
         _forget_the_kernel()
         try:
-            assert cpu_kernel.load().isa == isa  # what the library says its vectors are
+            assert kernel_build.load().isa == isa  # what the library says its vectors are
             yield
         finally:
             _forget_the_kernel()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _loaded():
+    """The kernel built and loaded for the wrappers (what resolving the route does), where it builds."""
+    if kernel_build.find_compiler() is not None and kernel_build.cpu_supports("native"):
+        kernel_build.load()
+
+
 def _forget_the_kernel():
-    """The next ``load()`` and ``available()`` build (or find in the cache) and register the kernel anew."""
-    cpu_kernel.load.cache_clear()
-    cpu_kernel.available.cache_clear()
+    """The next ``load()`` builds (or finds in the cache) and registers the kernel anew."""
+    kernel_build._loaded.clear()
 
 
 def _case(shape, seed):
@@ -258,7 +265,7 @@ def test_auto_chooses_the_kernel_for_frames_on_cpu(isa):
     # AVX2 alone (AMD Zen 1-3, most laptops) is enough: the kernel built for it is the route.
     with built_for(isa):
         assert resolve_conv_impl("auto", ATARI_SHAPE) == "kernel"
-        assert cpu_kernel.isa() == isa
+        assert kernel_build.isa() == isa
     assert resolve_conv_impl("auto", (4,)) == "matmul"  # no convolutions
     assert resolve_conv_impl("xla", ATARI_SHAPE) == "xla"
 
@@ -267,14 +274,15 @@ def test_auto_chooses_the_kernel_for_frames_on_cpu(isa):
 @needs_compiler
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the kernel is chosen on the CPU backend only")
 def test_where_the_kernel_does_not_build_auto_takes_matmuls(tmp_path, monkeypatch):
-    # "native" as on a CPU without AVX2 and FMA (x86-64-v2): the real build is refused, so "auto" falls back.
-    monkeypatch.setitem(cpu_kernel.MARCH, "native", "x86-64-v2")
+    # "native" as on a CPU without AVX2 and FMA (x86-64-v2), an empty cache: "auto" takes the matmuls without
+    # trying to build, and "kernel", which builds, is refused (the real build refuses the CPU).
+    monkeypatch.setitem(kernel_build.MARCH, "native", "x86-64-v2")
     monkeypatch.setenv("PPO_EQX_CACHE", str(tmp_path))
-    monkeypatch.delenv(cpu_kernel.ISA_VARIABLE, raising=False)
+    monkeypatch.delenv(kernel_build.ISA_VARIABLE, raising=False)
     _forget_the_kernel()
     try:
         assert resolve_conv_impl("auto", ATARI_SHAPE) == "matmul"
-        assert cpu_kernel.isa() is None
+        assert kernel_build.isa() is None
         with pytest.raises(ConfigError, match="conv_impl='kernel' is unavailable: .*needs AVX2 and FMA"):
             resolve_conv_impl("kernel", ATARI_SHAPE)
     finally:
@@ -286,14 +294,14 @@ def test_where_the_kernel_does_not_build_auto_takes_matmuls(tmp_path, monkeypatc
 @pytest.mark.parametrize("compiler", ["false", "/nonexistent/g++"])
 def test_a_failed_build_says_which_compiler_failed(tmp_path, monkeypatch, compiler):
     monkeypatch.setenv("CXX", compiler)
-    with pytest.raises(cpu_kernel.KernelUnavailable, match=re.escape(f"{compiler} could not build cpu_kernel.cc")):
-        cpu_kernel.build(tmp_path / "kernel.so")
+    with pytest.raises(kernel_build.KernelUnavailable, match=re.escape(f"{compiler} could not build cpu_kernel.cc")):
+        kernel_build.build(tmp_path / "kernel.so")
     assert list(tmp_path.iterdir()) == []  # nothing half-written left behind
 
 
 @pytest.mark.subprocess
 @needs_compiler
-@pytest.mark.skipif(not cpu_kernel.cpu_supports("avx512"), reason="compares the AVX-512 build with the AVX2 one")
+@pytest.mark.skipif(not kernel_build.cpu_supports("avx512"), reason="compares the AVX-512 build with the AVX2 one")
 def test_the_avx2_and_avx512_builds_give_the_same_bits():
     # Each sum is taken in the same order whatever the vector width, so the two builds agree exactly.
     frames, kernel, bias, dy = (jnp.asarray(a) for a in _case(SHAPES[2], 0))
@@ -317,23 +325,23 @@ def test_the_avx2_and_avx512_builds_give_the_same_bits():
 @needs_compiler
 def test_without_avx2_and_fma_the_kernel_is_not_built(tmp_path):
     # x86-64-v2 has SSE4.2 but neither AVX2 nor FMA: the source refuses, so auto takes the matmul route.
-    with pytest.raises(cpu_kernel.KernelUnavailable, match="could not build cpu_kernel.cc: .*needs AVX2 and FMA"):
-        cpu_kernel.build(tmp_path / "kernel.so", "x86-64-v2")
+    with pytest.raises(kernel_build.KernelUnavailable, match="could not build cpu_kernel.cc: .*needs AVX2 and FMA"):
+        kernel_build.build(tmp_path / "kernel.so", "x86-64-v2")
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.unit
 def test_an_unknown_isa_is_refused_with_the_ones_it_takes(monkeypatch):
-    monkeypatch.setenv(cpu_kernel.ISA_VARIABLE, "avx3")
+    monkeypatch.setenv(kernel_build.ISA_VARIABLE, "avx3")
     with pytest.raises(
-        cpu_kernel.KernelUnavailable, match="PPO_EQX_KERNEL_ISA='avx3' is not one of native, avx512, avx2"
+        kernel_build.KernelUnavailable, match="PPO_EQX_KERNEL_ISA='avx3' is not one of native, avx512, avx2"
     ):
-        cpu_kernel.requested_isa()
+        kernel_build.requested_isa()
 
 
 @pytest.mark.unit
 def test_an_unwritable_cache_is_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "false")  # a compiler is looked up first; this one is never started
     (tmp_path / "file").write_text("")
-    with pytest.raises(cpu_kernel.KernelUnavailable, match="could not create the kernel cache"):
-        cpu_kernel.build(tmp_path / "file" / "kernel.so")
+    with pytest.raises(kernel_build.KernelUnavailable, match="could not create the kernel cache"):
+        kernel_build.build(tmp_path / "file" / "kernel.so")

@@ -143,11 +143,15 @@ def test_hardware_info_has_every_field(monkeypatch: pytest.MonkeyPatch) -> None:
         "xla_flags",
         "conv_impl",
         "kernel_isa",
+        "runs_at_once",
     }
     assert info["cpu_count"] == os.cpu_count()
     assert info["python_version"] == ".".join(map(str, sys.version_info[:3]))
     assert info["xla_flags"] == "--xla_cpu_max_isa=AVX2"
     assert info["conv_impl"] == "matmul"
+    assert info["runs_at_once"] is None  # alone, unless bench/atari57.py says otherwise
+    monkeypatch.setenv("PPO_EQX_RUNS_AT_ONCE", "8")
+    assert hardware_info()["runs_at_once"] == 8
     json.dumps(info)  # what run directories store
 
 
@@ -159,8 +163,8 @@ def test_hardware_info_without_a_route_or_flags(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 def test_the_kernel_route_records_what_the_kernel_is_built_for(monkeypatch: pytest.MonkeyPatch, isa: str) -> None:
-    from ppo_eqx.core import cpu_kernel
+    from ppo_eqx.host import kernel_build
 
-    monkeypatch.setattr(cpu_kernel, "isa", lambda: isa)
+    monkeypatch.setattr(kernel_build, "isa", lambda: isa)
     assert hardware_info("kernel")["kernel_isa"] == isa
     assert hardware_info("matmul")["kernel_isa"] is None  # the kernel is not what ran

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from ppo_eqx import ActorCritic, AgentHyperparameters, Batch, Hyperparameters, model_loss
 from ppo_eqx.config import NETWORK_INITS
 from ppo_eqx.core.networks import Conv, Dense, NetworkInit
+from ppo_eqx.host import kernel_build
 
 from .conv_reference import ATARI_SHAPE, needs_kernel, numpy_conv
 
@@ -56,6 +57,8 @@ def _batch(model: ActorCritic, obs_shape, num_actions: int, size: int, seed: int
     ],
 )
 def test_faster_convolutions_give_the_same_losses_and_gradients_as_xla(impl):
+    if impl == "kernel":
+        kernel_build.load()  # what resolving the route does before a model of it runs
     model = ActorCritic(ATARI_SHAPE, 6, conv_impl=impl, key=jax.random.PRNGKey(3))
     assert model.conv_impl == impl
     reference = ActorCritic(ATARI_SHAPE, 6, conv_impl="xla", key=jax.random.PRNGKey(3))  # same parameters

@@ -196,6 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(train)
     _add_parallel_flags(train)
     _add_eval_command(commands)
+    commands.add_parser(
+        "build-kernel",
+        help="build ppo_eqx's CPU kernel for this machine, once (--conv-impl auto takes it where it is built)",
+        description="Compile ppo_eqx's C++ convolutions for this CPU (AVX2 with FMA, or AVX-512) with the machine's "
+        "C++ compiler ($CXX, g++ or c++) into $PPO_EQX_CACHE (default ~/.cache/ppo_eqx): about 20 s. Training on the "
+        "CPU with --conv-impl auto then takes them; without, it takes XLA's matrix products (the same numbers, "
+        "slower). $PPO_EQX_KERNEL_ISA=avx2 builds for any AVX2 CPU.",
+    )
     return parser
 
 
@@ -220,6 +228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .train_command import train_command
 
             return train_command(args, probe)
+        if args.command == "build-kernel":
+            return build_kernel_command()
         from .eval_command import eval_command
 
         return eval_command(args, probe)
@@ -240,6 +250,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if probe is not None:
             probe.close()
         restore_xla_flags(saved_flags)
+
+
+def build_kernel_command() -> int:
+    """``ppo-eqx build-kernel``: build (again) and load the CPU kernel; RunError (exit 1) naming why it cannot."""
+    from ..host import kernel_build
+
+    try:
+        path = kernel_build.build_now()
+        built = kernel_build.load()
+    except kernel_build.KernelUnavailable as error:
+        raise RunError(f"cannot build ppo_eqx's CPU kernel: {error}") from None
+    print(f"ppo-eqx: built the CPU kernel for {built.isa} into {path}", flush=True)
+    return 0
 
 
 MAX_WORD = 200

@@ -122,13 +122,13 @@ def _gpu_name() -> str | None:
 
 
 def kernel_isa(conv_impl: str | None) -> str | None:
-    """What ppo_eqx's CPU kernel is built for here ("avx512" or "avx2", ``cpu_kernel.isa()``) where the route is
+    """What ppo_eqx's CPU kernel is built for here ("avx512" or "avx2", ``kernel_build.isa()``) where the route is
     "kernel"; None on any other route."""
     if conv_impl != "kernel":
         return None
-    from ..core import cpu_kernel  # lazily (it imports jax); where the route is "kernel" it is built and loaded
+    from ..host import kernel_build  # lazily (it imports jax); where the route is "kernel" it is loaded
 
-    return cpu_kernel.isa()
+    return kernel_build.isa()
 
 
 def hardware_info(conv_impl: str | None = None) -> dict[str, Any]:

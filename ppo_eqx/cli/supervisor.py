@@ -23,6 +23,7 @@ from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
 from ..errors import NonFiniteError, RunError
 from ..host.checkpoint import checkpoint_name, save_checkpoint
+from ..host.conv_route import auto_note
 from ..host.loop import run_seeds
 from ..host.mesh import MeshPlacement, any_process
 from ..host.ownership import Manifest, never_trained
@@ -154,6 +155,9 @@ class Supervisor:
             f"run directory {plan.run_dir}, jax {jax.__version__} on {jax.default_backend()}{devices}, "
             f"convolutions: {_route(hardware)}, rollout: {_rollout(hardware['rollout'])}"
         )
+        note = auto_note(config.conv_impl, self.conv_impl, chosen.spec(config.env_id))  # type: ignore[arg-type]
+        if note is not None:
+            self.say(f"ppo-eqx: note: {note}")
         if self.mesh is not None:
             hardware["mesh"] = {"devices": self.mesh.size, "processes": jax.process_count()}
         self.writers = self._make_writers(hardware) if self.writes else []

@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from ..hyperparameters import AgentHyperparameters, Sizes
 from ._types import Batch, EpisodeStats, LossInfo
 from .checks import typechecked
 from .collect import Carry, Collector
+from .hyperparameters import AgentHyperparameters, Sizes
 from .networks import ActorCritic
 from .state import AgentKeys, TrainState
 from .update import current_learning_rate, update

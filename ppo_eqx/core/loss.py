@@ -3,9 +3,9 @@
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ..hyperparameters import AgentHyperparameters
 from ._types import Batch, LossInfo
 from .checks import one_agent, typechecked
+from .hyperparameters import AgentHyperparameters
 from .networks import ActorCritic
 
 

@@ -18,8 +18,8 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 
-from ..hyperparameters import AgentHyperparameters, Sizes
 from ._types import Batch, LossInfo
+from .hyperparameters import AgentHyperparameters, Sizes
 from .loss import normalize_advantages
 from .networks import ActorCritic
 from .update import make_optimizer, minibatch_indices, minibatch_steps, params_loss

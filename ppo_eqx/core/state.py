@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int, Key, PyTree, UInt32
 
-from ..hyperparameters import AgentHyperparameters, Sizes
 from ._types import EpisodeStats
 from .collect import Carry
 from .envs import EnvSpec
+from .hyperparameters import AgentHyperparameters, Sizes
 from .networks import ActorCritic, ConvRoute, NetworkInit
 from .rollout import init_episode_stats
 from .update import make_optimizer

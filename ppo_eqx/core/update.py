@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 
-from ..hyperparameters import AgentHyperparameters, Sizes
 from ._types import Batch, LossInfo
 from .checks import check_actions, check_fields, one_agent, typechecked
+from .hyperparameters import AgentHyperparameters, Sizes
 from .loss import model_loss
 from .networks import ActorCritic
 

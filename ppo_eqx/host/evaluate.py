@@ -16,6 +16,7 @@ from ..core.envs import EnvSpec, backend, derived_seeds
 from ..core.networks import ActorCritic
 from ..core.rollout import RolloutCarry, init_episode_stats, sample_actions, update_episode_stats
 from .compiled import own_jit
+from .conv_route import ready
 
 EVAL_STREAM = 2**32 - 1
 """Second word of the SeedSequence entropy of evaluation envs; training's segments use the iteration there."""
@@ -66,6 +67,7 @@ def evaluate(
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes={episodes!r}; allowed: an integer >= 1")
     check_plays(model, backend(config.env_backend).spec(config.env_id))
+    ready(model.conv_impl)
     num_envs = min(episodes, MAX_ENVS)
     quotas = episode_quotas(episodes, num_envs)
     pool = backend(config.env_backend).make(config.env_id, eval_env_seeds(seed, num_envs), render=on_frame is not None)

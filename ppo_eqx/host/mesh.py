@@ -16,13 +16,13 @@ from jaxtyping import Array, PRNGKeyArray, PyTree, Shaped
 from ..config import PPOConfig
 from ..core._types import Batch, EpisodeStats
 from ..core.collect import Collector
+from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Collected, Metrics, collect, compose, learn
 from ..core.networks import ActorCritic
 from ..core.rollout import fresh_episodes
 from ..core.sharded import replicate, shard_batch, sharded_update
 from ..core.state import Checkpoint, TrainState
 from ..errors import ConfigError
-from ..hyperparameters import AgentHyperparameters, Sizes
 from .compiled import own_jit
 from .pools import EnvShare
 

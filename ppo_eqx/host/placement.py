@@ -11,11 +11,11 @@ import jax.numpy as jnp
 from ..config import PPOConfig
 from ..core.collect import Collector
 from ..core.envs import EnvSpec
+from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Metrics, make_iteration, make_prime, over_iterations
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, TrainState
 from ..errors import ConfigError
-from ..hyperparameters import AgentHyperparameters, Sizes
 from .checkpoint import fresh_agents
 from .compiled import own_jit
 from .pools import EnvShare

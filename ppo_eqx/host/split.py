@@ -16,11 +16,12 @@ import jax
 from jax import Device
 
 from ..core.collect import Collector
+from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Metrics, make_stages
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, TrainState
-from ..hyperparameters import AgentHyperparameters, Sizes
 from .compiled import own_jit
+from .conv_route import ready
 from .pools import EnvShare
 
 
@@ -32,6 +33,8 @@ class SplitPlacement:
 
     def __init__(self, rollout_device: Device, learn_device: Device, *, rollout_conv: ConvRoute | None = None):
         self.rollout_device, self.learn_device, self.rollout_conv = rollout_device, learn_device, rollout_conv
+        if rollout_conv is not None:
+            ready(rollout_conv)
 
     def place(self, checkpoint: Checkpoint, collector: Collector, hyperparameters: AgentHyperparameters) -> TrainState:
         carry = jax.device_put(collector.restore(checkpoint.envs), self.rollout_device)

@@ -29,7 +29,7 @@ from ..core.iteration import Metrics
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
 from .checkpoint import init_checkpoint
-from .conv_route import resolve_conv_impl_for
+from .conv_route import ready, resolve_conv_impl_for
 from .placement import Placement, Program, placement_for
 from .pools import make_collector, pool_env_seeds
 
@@ -101,6 +101,7 @@ class Trainer:
             conv_impl = conv_impl or resolve_conv_impl_for(config.conv_impl, self.spec)  # type: ignore[arg-type]
             restore = init_checkpoint(config, self.spec, conv_impl=conv_impl, env_backend=self.backend)
         self.conv_impl: ConvRoute = restore.model.conv_impl
+        ready(self.conv_impl)
         # The compiled program donates the state it is given: place a copy, so that ``restore`` stays the caller's.
         own: Checkpoint = jax.tree.map(lambda x: jnp.copy(x) if eqx.is_array(x) else x, restore)
         self.iteration = int(own.iteration)

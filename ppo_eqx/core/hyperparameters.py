@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from .core.checks import typechecked
-from .settings import Hyperparameters as Hyperparameters
-from .settings import Sizes as Sizes
+from ..settings import Hyperparameters as Hyperparameters
+from ..settings import Sizes as Sizes
+from .checks import typechecked
 
 
 @typechecked  # each field checked when one is built (dataclasses.replace too): float32 or bool arrays

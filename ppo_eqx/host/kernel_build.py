@@ -1,0 +1,192 @@
+"""ppo_eqx's CPU kernel (``cpu_kernel.cc``, the convolutions of ``conv_impl="kernel"``): its build with the
+machine's C++ compiler, its cache, the CPU it is built for, and its loading into XLA, whose FFI targets the
+core's wrappers (``ppo_eqx.core.cpu_kernel``) then call.
+
+The kernel is compiled with ``$CXX`` (else ``g++`` or ``c++``) and jaxlib's FFI headers into ``$PPO_EQX_CACHE``
+(default ``~/.cache/ppo_eqx``), keyed by the source, the flags, jaxlib's version and the CPU. ``build_now`` (the
+command ``ppo-eqx build-kernel``, which the README's setup runs) compiles it; ``load`` loads a built one and, where
+asked (``build=True``: an explicit ``--conv-impl kernel``), builds it first. ``conv_impl="auto"`` takes the
+kernel only where it is built already (``built``): a run never starts a compiler it was not asked for.
+``$PPO_EQX_KERNEL_ISA`` says what it is built for:
+
+- ``native`` (the default): this CPU (``-march=native``);
+- ``avx512``: any AVX-512 CPU (``-march=x86-64-v4``);
+- ``avx2``: any CPU with AVX2 and FMA (``-march=x86-64-v3``): AMD Zen 1-3, most laptops and desktops. On an
+  AVX-512 machine this builds and measures the AVX2 kernel (``bench/train_speed.py --isa avx2``).
+
+Its vectors are one machine register each: 16 floats with AVX-512, 8 with AVX2, in register blocks sized so
+that nothing spills. Without AVX2 and FMA the source refuses to build.
+"""
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jaxlib
+
+from ..core import cpu_kernel
+
+SOURCE = Path(__file__).with_name("cpu_kernel.cc")
+FLAGS = ("-O3", "-ffp-contract=fast", "-std=c++17", "-shared", "-fPIC", "-w")
+"""The compiler's flags besides ``-march``."""
+ISA_VARIABLE = "PPO_EQX_KERNEL_ISA"
+MARCH = {"native": "native", "avx512": "x86-64-v4", "avx2": "x86-64-v3"}
+"""``$PPO_EQX_KERNEL_ISA``'s values and the ``-march`` each builds the kernel for."""
+_CPU_FLAGS = {
+    "avx512": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
+    "avx2": {"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm"},
+}
+"""What /proc/cpuinfo's flags must hold for each ISA (``-march=x86-64-v4``'s and ``x86-64-v3``'s extensions)."""
+_VECTOR_LANES = {16: "avx512", 8: "avx2"}
+_SYMBOLS = {
+    cpu_kernel.FORWARD: "PpoEqxFirstConvForward",
+    cpu_kernel.WEIGHT_GRADIENT: "PpoEqxFirstConvWeightGradient",
+    cpu_kernel.CONV_FORWARD: "PpoEqxConvForward",
+    cpu_kernel.CONV_INPUT_GRADIENT: "PpoEqxConvInputGradient",
+    cpu_kernel.CONV_WEIGHT_GRADIENT: "PpoEqxConvWeightGradient",
+}
+BUILD_HINT = "ppo-eqx build-kernel"
+"""How a user builds the kernel (about 20 s once per machine)."""
+
+
+class KernelUnavailable(RuntimeError):
+    """The CPU kernel could not be built or loaded here; the message says why."""
+
+
+def _cpu_flags() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return next((line for line in lines if line.startswith("flags")), platform.processor())
+
+
+def cpu_supports(isa: str) -> bool:
+    """Whether this CPU runs the kernel built for ``isa``: "avx512" or "avx2" (``MARCH``'s CPU classes), or
+    "native" (this CPU: it needs AVX2 and FMA)."""
+    return _CPU_FLAGS["avx2" if isa == "native" else isa] <= set(_cpu_flags().split())
+
+
+def requested_isa() -> str:
+    """What ``$PPO_EQX_KERNEL_ISA`` asks the kernel to be built for: "native" (the default), "avx512" or "avx2"."""
+    isa = os.environ.get(ISA_VARIABLE) or "native"
+    if isa not in MARCH:
+        raise KernelUnavailable(f"{ISA_VARIABLE}={isa!r} is not one of {', '.join(MARCH)}")
+    return isa
+
+
+def find_compiler() -> str | None:
+    """The C++ compiler the kernel is built with: ``$CXX``, else ``g++`` or ``c++`` on the PATH; None if none."""
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _compiler() -> str:
+    compiler = find_compiler()
+    if compiler is None:
+        raise KernelUnavailable("no C++ compiler found (set $CXX, or install g++) to build ppo_eqx's CPU kernel")
+    return compiler
+
+
+def library_path(isa: str = "native") -> Path:
+    """Where the kernel compiled for ``isa`` (a key of ``MARCH``), this source, jaxlib and CPU lives (built or
+    not)."""
+    parts = [SOURCE.read_bytes(), f"-march={MARCH[isa]} {' '.join(FLAGS)}".encode(), jaxlib.__version__.encode()]
+    key = hashlib.sha256(b"\0".join([*parts, _cpu_flags().encode()])).hexdigest()[:16]
+    cache = Path(os.environ.get("PPO_EQX_CACHE") or Path.home() / ".cache" / "ppo_eqx")
+    return cache / f"cpu_kernel-{key}.so"
+
+
+def build(path: Path, march: str = "native") -> None:
+    """Compile ``cpu_kernel.cc`` for ``-march=march`` into ``path`` (written whole, then renamed into place)."""
+    compiler = _compiler()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise KernelUnavailable(f"could not create the kernel cache {path.parent}: {error}") from error
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    command = [compiler, f"-march={march}", *FLAGS, "-I", jax.ffi.include_dir(), str(SOURCE), "-o", str(partial)]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+    except OSError as error:
+        raise KernelUnavailable(f"{compiler} could not build {SOURCE.name}: {error}") from error
+    if result.returncode != 0:
+        partial.unlink(missing_ok=True)
+        lines = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]
+        reason = next((line for line in lines if "error" in line), lines[-1])  # notes may follow the error
+        raise KernelUnavailable(f"{compiler} could not build {SOURCE.name}: {reason}")
+    os.replace(partial, path)
+
+
+def built() -> bool:
+    """Whether the kernel for ``requested_isa()`` is in the cache already (nothing is compiled to find out)."""
+    try:
+        return library_path(requested_isa()).exists()
+    except KernelUnavailable:
+        return False
+
+
+def build_now() -> Path:
+    """Build the kernel for ``requested_isa()`` now (``ppo-eqx build-kernel``), replacing a cached one; its path."""
+    isa = requested_isa()
+    path = library_path(isa)
+    build(path, MARCH[isa])
+    return path
+
+
+class Built(NamedTuple):
+    """The kernel registered with XLA: the ISA it was built for and the prefix of its FFI targets' names."""
+
+    isa: str
+    targets: str
+
+
+_loaded: dict[str, Built] = {}
+"""The kernels loaded in this process, by the ISA asked for (the tests load two: ``$PPO_EQX_KERNEL_ISA``)."""
+
+
+def load(build_if_missing: bool = True) -> Built:
+    """Load the kernel for ``requested_isa()`` (building it first where it is not built and
+    ``build_if_missing``), register it with XLA and name it to the core's wrappers (``cpu_kernel.use``); raises
+    ``KernelUnavailable`` if it can't. A build for an explicit ISA registers its targets under names that say
+    it, so that builds for two ISAs can run in one process, the one asked for last called."""
+    requested = requested_isa()
+    if requested not in _loaded:
+        _loaded[requested] = _load(requested, build_if_missing)
+    cpu_kernel.use(_loaded[requested].targets)
+    return _loaded[requested]
+
+
+def _load(requested: str, build_if_missing: bool) -> Built:
+    path = library_path(requested)
+    if not path.exists():
+        if not build_if_missing:
+            raise KernelUnavailable(f"ppo_eqx's CPU kernel is not built here ({BUILD_HINT} builds it)")
+        build(path, MARCH[requested])
+    try:
+        library = ctypes.cdll.LoadLibrary(str(path))
+    except OSError as error:
+        raise KernelUnavailable(f"could not load {path}: {error}") from error
+    targets = "ppo_eqx_" if requested == "native" else f"ppo_eqx_{requested}_"
+    for name, symbol in _SYMBOLS.items():
+        jax.ffi.register_ffi_target(targets + name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    return Built(_VECTOR_LANES[library.PpoEqxVectorLanes()], targets)
+
+
+def unavailable_reason(*, build_if_missing: bool = True) -> str | None:
+    """Why the kernel cannot be loaded here (building it where ``build_if_missing``), or None once it is."""
+    try:
+        load(build_if_missing)
+    except KernelUnavailable as error:
+        return str(error)
+    return None
+
+
+def isa() -> str | None:
+    """What the loaded kernel is built for here, "avx512" or "avx2"; None where it is not loaded."""
+    return load(False).isa if unavailable_reason(build_if_missing=False) is None else None
