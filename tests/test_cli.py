@@ -124,7 +124,13 @@ def test_run_directory_contents(capsys, tmp_path):
     kernel_build.find_compiler() is None or not kernel_build.cpu_supports("avx2"), reason="needs a compiler and AVX2"
 )
 def test_auto_takes_the_avx2_kernel_says_so_and_records_it(tmp_path):
-    # The kernel built for AVX2 alone (as on AMD Zen 1-3): "auto" takes it, the first line and hardware.json say so.
+    # The kernel built for AVX2 alone (as on AMD Zen 1-3), once, by `ppo-eqx build-kernel`: "auto" takes it, the
+    # first line and hardware.json say so.
+    avx2 = {**os.environ, kernel_build.ISA_VARIABLE: "avx2"}
+    built = subprocess.run(
+        [sys.executable, "-m", "ppo_eqx", "build-kernel"], capture_output=True, text=True, timeout=600, env=avx2
+    )
+    assert built.returncode == 0 and "built the CPU kernel for avx2" in built.stdout, built.stdout + built.stderr
     run_dir = tmp_path / "run"
     tiny = ["--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1", "--update-epochs", "1"]
     result = subprocess.run(
@@ -133,7 +139,7 @@ def test_auto_takes_the_avx2_kernel_says_so_and_records_it(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, kernel_build.ISA_VARIABLE: "avx2"},
+        env=avx2,
     )
     assert result.returncode == 0, result.stderr
     assert "convolutions: kernel (avx2)" in result.stdout.splitlines()[0]
@@ -165,3 +171,24 @@ def test_the_cli_packages_main_stays_the_function_after_a_command_ran(capsys):
     assert ppo_eqx.cli.main(["train", "--num-envs", "0"]) == 2
     assert "num_envs=0" in error_line(capsys)
     assert callable(importlib.import_module("ppo_eqx.cli").main)
+
+
+def test_auto_where_the_kernel_is_not_built_takes_matmuls_and_says_how_to_build_it(tmp_path):
+    """A first Atari run on a CPU starts no compiler: the matmuls, and a line naming `ppo-eqx build-kernel`."""
+    if kernel_build.find_compiler() is None or not kernel_build.cpu_supports("native"):
+        pytest.skip("where the kernel cannot be built, nothing is said of it")
+    run_dir = tmp_path / "run"
+    tiny = ["--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1", "--update-epochs", "1"]
+    result = subprocess.run(
+        [sys.executable, "-m", "ppo_eqx", "train", "--env-id", "Breakout-v5", "--total-timesteps", "16", *tiny]
+        + ["--run-dir", str(run_dir), "--no-progress", "--no-tensorboard"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PPO_EQX_CACHE": str(tmp_path / "empty-cache")},
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "convolutions: matmul" in lines[0]
+    assert any("ppo-eqx build-kernel builds it" in line for line in lines), lines
+    assert not (tmp_path / "empty-cache").exists()  # nothing was built

@@ -137,20 +137,21 @@ def save_checkpoint(
     return path
 
 
-def _shapes(tree: Any) -> tuple[Any, list[tuple[tuple[int, ...], Any]]]:
-    """The structure of ``tree``'s arrays (or shape-dtype structs) and each one's shape and dtype."""
-    leaves, structure = jax.tree.flatten(eqx.filter(tree, lambda x: hasattr(x, "shape") and hasattr(x, "dtype")))
-    return structure, [(tuple(leaf.shape), leaf.dtype) for leaf in leaves]
-
-
 def _check_fits(checkpoint: Checkpoint, config: PPOConfig, spec: EnvSpec) -> None:
-    """ValueError unless ``checkpoint``'s arrays are of the shapes and dtypes that ``config`` and ``spec`` give
-    (what ``load_checkpoint`` will check): its metadata would otherwise describe another run."""
-    like = eqx.filter_eval_shape(init_checkpoint, config, spec, conv_impl=checkpoint.model.conv_impl)
-    if _shapes(like) != _shapes(checkpoint):
+    """ValueError unless ``checkpoint``'s model takes ``spec``'s observations and actions, for each of
+    ``config``'s agents (``load_checkpoint`` checks every array later): its metadata would describe another run."""
+    model = checkpoint.model
+    first = jax.tree.leaves(eqx.filter(model, eqx.is_array))[0]  # stacked [S, ...] for S agents
+    held = first.shape[0] if config.num_agents > 1 and first.ndim else 1
+    if (tuple(model.obs_shape), model.num_actions, held) != (
+        tuple(spec.obs_shape),
+        spec.num_actions,
+        config.num_agents,
+    ):
         raise ValueError(
-            f"the checkpoint's arrays do not fit {spec.env_id} (observations {spec.obs_shape}, {spec.num_actions} "
-            f"actions) with the sizes of config (env_id={config.env_id!r}); allowed: a checkpoint of this config's run"
+            f"the checkpoint's model does not fit {spec.env_id} (observations {spec.obs_shape}, {spec.num_actions} "
+            f"actions) and config's {config.num_agents} agent(s) (env_id={config.env_id!r}); allowed: a checkpoint "
+            "of this config's run"
         )
 
 
