@@ -85,6 +85,7 @@ class Settings:
     atari57_games: int = 8  # the plan's first runs, measured together for atari57_measure_s
     atari57_measure_s: float = 60.0
     budget_s: float = 450.0
+    quick: bool = False
 
 
 FULL = Settings()
@@ -111,6 +112,7 @@ QUICK = Settings(
     atari57_games=1,
     atari57_measure_s=5.0,
     budget_s=360.0,
+    quick=True,
 )
 
 
@@ -368,6 +370,8 @@ def measurement_parts(
     if settings.num_envs < FULL.num_envs:
         measure += ["--", "--num-envs", str(settings.num_envs), "--num-steps", str(settings.num_steps)]
     parts.append(("atari57_plan", "script", {"script": "atari57.py", "args": games + measure}))
+    if settings.quick:  # the parts below have run on a GPU machine before, and each has its own tests on a CPU
+        return parts
     routes = [route for route in ("xla", "matmul", "kernel") if route != auto]
     if not (environment.get("backend") == "cpu" and auto == "kernel"):
         routes.remove("kernel")  # the CPU kernel exists on the CPU only, and only where it builds

@@ -61,12 +61,9 @@ def test_quick_runs_every_part_with_finite_numbers(tmp_path: Path) -> None:
     topology = environment["cpu_topology"]
     assert topology["nproc"] >= 1 and topology["affinity_cpus"] >= 1 and topology["kernel"], topology
     auto = environment["auto_conv_impl"]
-    others = [f"train_{route}" for route in ("xla", "matmul", "kernel") if route != auto and route != "kernel"]
-    gymnax = ["gymnax_cartpole_2"] if importlib.util.find_spec("gymnax") else []
     ale = ["ale_vector_8_t0"] if importlib.util.find_spec("ale_py") else []
     expected = [*HOST, "env_only_8", "env_only_16", "env_only_cpu_8", *ale, f"train_{auto}"]
-    expected += [f"train_{auto}_rollout_on_host", "cleanrl_side_by_side", "atari57_plan", *others, "async"]
-    expected += ["seeds_2", *gymnax]
+    expected += [f"train_{auto}_rollout_on_host", "cleanrl_side_by_side", "atari57_plan"]
     assert [row["part"] for row in rows] == expected == header["parts"]
     for row in rows:
         assert row["status"] == "ok", row

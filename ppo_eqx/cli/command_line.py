@@ -16,8 +16,8 @@ from typing import Any, NoReturn
 
 from ..config import FIELD_CHOICES, FIELD_TYPES, INT32_MAX, NOT_SWEEPABLE, SWEEPABLE, PPOConfig, flag
 from ..errors import ConfigError, RunDirError, RunError, UsageError
-from ..host.ownership import refuse_if_held
-from ..host.rundir import path_problem
+from ..host.ownership import read_manifest, refuse_if_held, refuse_look_alikes
+from ..host.rundir import CHECKPOINT_DIR, check_output, path_problem
 from .environment import XlaFlagsProbe, restore_xla_flags, schedule_small_programs
 
 
@@ -207,13 +207,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _refuse_a_held_run_dir(args: argparse.Namespace) -> None:
-    """The run directory that another process trains in is refused at once, before jax is imported (the lock
-    itself is taken later, ``train_command``). The processes of a multi-process run share theirs."""
-    if not (args.distributed or args.coordinator_address):
-        for path in (args.resume, args.run_dir):
-            if path is not None:
-                refuse_if_held(path)
+def _refuse_early(args: argparse.Namespace) -> None:
+    """What of the run directory can be refused at once, before jax is imported (a fraction of a second, where
+    planning takes seconds): one that another process trains in (the lock itself is taken later, by
+    ``train_command``), a damaged manifest, and files named like a run's that no run of ppo-eqx's wrote there.
+    ``train_command`` checks all of it again, with the agents' directories, once the plan is made. The processes
+    of a multi-process run share their directory: theirs is process 0's to check."""
+    if args.distributed or args.coordinator_address:
+        return
+    for path in (args.resume, args.run_dir):
+        if path is not None:
+            refuse_if_held(path)
+    if args.resume is not None and args.resume.is_dir():
+        read_manifest(args.resume)
+    elif args.run_dir is not None and args.run_dir.is_dir():
+        refuse_look_alikes(args.run_dir, args.run_dir)
+        read_manifest(args.run_dir)
+
+
+def _refuse_early_output(args: argparse.Namespace) -> None:
+    """``eval``'s ``--output`` and ``--video`` checked before jax is imported, where the run they play is plain
+    from the path (a run or agent directory, or a checkpoint's file in ``RUN/checkpoints/``)."""
+    path: Path = args.path
+    run_dir = path if path.is_dir() else path.parent.parent if path.parent.name == CHECKPOINT_DIR else None
+    if run_dir is None:
+        return
+    for flag_name, target in (("--output", args.output), ("--video", args.video)):
+        if target is not None:
+            check_output(flag_name, target, run_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -221,7 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.command == "train":
-            _refuse_a_held_run_dir(args)
+            _refuse_early(args)
+        elif args.command == "eval":
+            _refuse_early_output(args)
         probe = XlaFlagsProbe()  # while the command imports jax
         saved_flags = schedule_small_programs(args)  # after the probe: it adds a flag XLA is known to take
         if args.command == "train":

@@ -12,7 +12,7 @@ from ..config import PPOConfig, flag
 from ..core.envs import backend
 from ..errors import ConfigError, RunDirError, UsageError
 from ..host.checkpoint import CheckpointFile, check_same_run, read_checkpoint
-from ..host.ownership import has_run, look_alikes, never_trained, owned_agents, read_manifest
+from ..host.ownership import has_run, never_trained, owned_agents, read_manifest, refuse_look_alikes
 from ..host.rundir import CONFIG, METRICS, SEEDS_CONFIG, agent_dirs, check_new_run_dir, checked_metrics, holds_run
 
 
@@ -82,7 +82,7 @@ def check_run_dirs(plan: Plan, overwrite: bool) -> None:
         if holds_run(parent) and any(run_dir.absolute().is_relative_to(a) for a in owned_agents(parent)):
             raise RunDirError(f"--run-dir {run_dir} is an agent's directory of the run in {parent}; allowed: a path "
                               "of its own")  # fmt: skip
-    _refuse_look_alikes(run_dir, run_dir)
+    refuse_look_alikes(run_dir, run_dir)
     if has_run(run_dir) and not overwrite and not never_trained(run_dir):
         raise RunDirError(
             f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it "
@@ -96,19 +96,7 @@ def check_run_dirs(plan: Plan, overwrite: bool) -> None:
                 "it, or pick another --run-dir"
             )
         check_new_run_dir(agent_dir, overwrite)
-        _refuse_look_alikes(run_dir, agent_dir)
-
-
-def _refuse_look_alikes(run_dir: Path, directory: Path) -> None:
-    found = [
-        os.path.join(os.path.relpath(directory, run_dir), name).removeprefix("./") for name in look_alikes(directory)
-    ]
-    if found:
-        shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
-        raise RunDirError(
-            f"--run-dir {run_dir} holds {shown}: named as a run's files, but no run of ppo-eqx there wrote them, "
-            "and a run would write over them; move them, or pick another --run-dir"
-        )
+        refuse_look_alikes(run_dir, agent_dir)
 
 
 def plan_resume(args: argparse.Namespace) -> Plan:

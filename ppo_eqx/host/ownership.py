@@ -467,6 +467,20 @@ def look_alikes(run_dir: Path) -> list[str]:
     return found
 
 
+def refuse_look_alikes(run_dir: Path, directory: Path) -> None:
+    """RunDirError naming what ``directory`` (``run_dir`` or one of its agents' directories) holds under names a
+    run writes without a run of ppo-eqx's there having written it (``look_alikes``)."""
+    found = [
+        os.path.join(os.path.relpath(directory, run_dir), name).removeprefix("./") for name in look_alikes(directory)
+    ]
+    if found:
+        shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+        raise RunDirError(
+            f"--run-dir {run_dir} holds {shown}: named as a run's files, but no run of ppo-eqx there wrote them, "
+            "and a run would write over them; move them, or pick another --run-dir"
+        )
+
+
 def never_trained(run_dir: Path) -> bool:
     """Whether the run of ppo-eqx's in ``run_dir`` stopped before anything of it could be kept: no checkpoint,
     and no agent wrote a row of metrics (what a kill or a fault before the first iteration leaves). A plain retry
