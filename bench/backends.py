@@ -134,12 +134,12 @@ def speeds(args: argparse.Namespace) -> list[dict[str, Any]]:
         trainer = Trainer(config)
         compile_s = trainer.compile()
         for _ in range(args.warmup):
-            trainer.step()
+            trainer.dispatch()
         jax.block_until_ready(trainer.state)
         step_times = []
         for _ in range(args.iterations):  # each iteration timed to its end: the loop's records are not blocked
             start = time.perf_counter()
-            trainer.step()
+            trainer.dispatch()
             jax.block_until_ready(trainer.state)
             step_times.append(time.perf_counter() - start)
         trainer.close()

@@ -216,7 +216,7 @@ def script_part(settings: Settings, *, script: str, args: list[str]) -> dict[str
 def train_part(
     settings: Settings, *, conv_impl: str, num_seeds: int = 1, async_batch_size: int = 0, rollout_on: str = "device"
 ) -> dict:
-    """Compile, warm up, then time ``trainer.step()``; only the public Trainer API is used."""
+    """Compile, warm up, then time ``trainer.dispatch().metrics``; only the public Trainer API is used."""
     import jax
     import numpy as np
     from _common import device_memory_mib, peak_rss_mib
@@ -245,11 +245,11 @@ def train_part(
     try:
         compile_s = trainer.compile()
         for _ in range(settings.warmup):
-            jax.block_until_ready(trainer.step())
+            jax.block_until_ready(trainer.dispatch().metrics)
         times, metrics = [], {}
         for _ in range(iterations):
             start = time.perf_counter()
-            metrics = jax.block_until_ready(trainer.step())
+            metrics = jax.block_until_ready(trainer.dispatch().metrics)
             times.append(time.perf_counter() - start)
     finally:
         trainer.close()
@@ -295,7 +295,7 @@ def gymnax_part(settings: Settings, *, num_seeds: int) -> dict[str, Any]:
         setup_s = time.perf_counter() - start
         compile_s = trainer.compile()
         start = time.perf_counter()
-        metrics = jax.block_until_ready(trainer.step())
+        metrics = jax.block_until_ready(trainer.dispatch().metrics)
         run_s = time.perf_counter() - start
     returns = np.asarray(metrics["episodic_return"]).reshape(config.num_iterations, -1)[-1]  # each agent's last
     steps = num_seeds * config.batch_size * config.num_iterations

@@ -78,10 +78,10 @@ def worker(args: argparse.Namespace) -> None:
     trainer = Trainer(config if args.agent is None else config.agent_configs()[args.agent])
     compile_s = trainer.compile()
     for _ in range(args.warmup):
-        jax.block_until_ready(trainer.step())
+        jax.block_until_ready(trainer.dispatch().metrics)
     start = time.perf_counter()
     for _ in range(args.iterations):
-        jax.block_until_ready(trainer.step())
+        jax.block_until_ready(trainer.dispatch().metrics)
     seconds = time.perf_counter() - start
     trainer.close()
     steps = trainer.config.num_agents * args.iterations * trainer.config.batch_size  # every agent's steps

@@ -96,7 +96,7 @@ def main() -> None:
     # The bare jitted iteration beside it: as many iterations dispatched back to back, read once at the end.
     bare_start = time.perf_counter()
     for _ in range(args.iterations):
-        trainer.step()
+        trainer.dispatch()
     jax.block_until_ready(trainer.state)
     bare_sps = config.batch_size * args.iterations / (time.perf_counter() - bare_start)
     trainer.close()

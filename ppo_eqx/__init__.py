@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .host.conv_route import resolve_conv_impl as resolve_conv_impl
     from .host.evaluate import evaluate as evaluate
     from .host.loop import run as run
-    from .host.loop import run_seeds as run_seeds
+    from .host.loop import run_agents as run_agents
     from .host.loop import train as train
     from .host.placement import init_state as init_state
     from .host.trainer import Trainer as Trainer

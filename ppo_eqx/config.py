@@ -58,7 +58,12 @@ class PPOConfig(Hyperparameters):
     program. The others change speed, not results (``async_batch_size`` changes both: docs/design.md).
     """
 
-    env_id: str = config_field("Breakout-v5", "EnvPool task id, e.g. Breakout-v5 or CartPole-v1 (CleanRL's)")
+    env_id: str = config_field(
+        "Breakout-v5",
+        "the task, as its env backend names it: EnvPool's or ALE's Atari games (Breakout-v5, ...) and EnvPool's "
+        "CartPole-v1 and others; gymnax's CartPole-v1, Acrobot-v1 and MinAtar games (Breakout-MinAtar, ...) "
+        "(CleanRL's)",
+    )
     total_timesteps: int = config_field(
         10_000_000, "environment steps of each agent over the whole run (CleanRL's)", within=POSITIVE
     )
@@ -78,9 +83,9 @@ class PPOConfig(Hyperparameters):
     conv_impl: str = config_field(
         "auto",
         "how convolutions are computed, each giving the same numbers within float32 rounding: xla (XLA's own, "
-        "as CleanRL), matmul (space-to-depth and matrix products, fast on CPU), kernel (hand-written CPU kernels "
-        "for all three layers, AVX-512 only), or auto (xla off the CPU; on it kernel where it builds, else "
-        "matmul) (ppo_eqx's own)",
+        "as CleanRL), matmul (space-to-depth and matrix products, fast on CPU), kernel (ppo_eqx's C++ CPU kernels "
+        "for all three layers, AVX2 with FMA or AVX-512; built by `ppo-eqx build-kernel`, or here if need be), or "
+        "auto (xla off the CPU; on it kernel where it is built, else matmul) (ppo_eqx's own)",
         choices=CONV_IMPLS,
     )
     minibatch_unroll: int = config_field(
@@ -172,8 +177,8 @@ class PPOConfig(Hyperparameters):
 
     @property
     def num_agents(self) -> int:
-        """Agents trained at once: one per setting and seed."""
-        return math.prod(len(values) for _, values in self.sweep) * self.num_seeds
+        """Agents trained at once: one per setting and seed (``agents_of``)."""
+        return agents_of(self.sweep, self.num_seeds)
 
     def agent_configs(self) -> list["PPOConfig"]:
         """The single-agent config of each of the ``num_agents`` agents, setting by setting, and within each the
@@ -426,6 +431,11 @@ NOT_SWEEPABLE: dict[str, str] = {
     "sweep": "is the sweep itself",
 }
 """Why each other field cannot be swept in one program: it is swept by separate runs instead."""
+
+
+def agents_of(sweep: Sequence[tuple[str, Sequence[Any]]], num_seeds: int) -> int:
+    """The agents of a run of ``num_seeds`` seeds of each setting of ``sweep`` (name, values): one per pair."""
+    return math.prod(len(values) for _, values in sweep) * num_seeds
 
 
 def flag(name: str) -> str:

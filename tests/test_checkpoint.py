@@ -13,7 +13,6 @@ from ppo_eqx.core.envs import env_spec, segment_env_seeds
 from ppo_eqx.host import kernel_build
 from ppo_eqx.host.checkpoint import (
     check_same_run,
-    init_checkpoint,
     list_checkpoints,
     load_checkpoint,
     read_checkpoint,
@@ -21,6 +20,7 @@ from ppo_eqx.host.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from ppo_eqx.host.fresh import init_checkpoint
 
 from .comparisons import leaves_equal
 

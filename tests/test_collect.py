@@ -10,7 +10,7 @@ import pytest
 from ppo_eqx import ActorCritic, EnvOutput, Pool, PPOConfig, init_state, make_iteration, sync_collector
 from ppo_eqx.core.iteration import over_iterations
 from ppo_eqx.core.rollout import init_episode_stats
-from ppo_eqx.host.loop import run_seeds
+from ppo_eqx.host.loop import run_agents
 from ppo_eqx.host.trainer import Dispatch, Trainer
 
 from .comparisons import leaves_equal
@@ -121,7 +121,7 @@ class _ChunkedTrainer(Trainer):
 def test_the_loop_yields_each_iteration_of_a_chunk_and_pauses_only_between_chunks():
     trainer = _ChunkedTrainer(length=4, iterations=10, every=6)
     asked = []
-    records = [r[0] for r in run_seeds(trainer, pause=lambda i: asked.append(i) or False)]
+    records = [r[0] for r in run_agents(trainer, pause=lambda i: asked.append(i) or False)]
     assert [r["iteration"] for r in records] == list(range(1, 11))
     assert [r["loss"] for r in records] == [float(i) for i in range(1, 11)]  # each row its own iteration's
     assert [r["global_step"] for r in records] == [512 * i for i in range(1, 11)]

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from ppo_eqx import PPOConfig
 from ppo_eqx.cli import main
 from ppo_eqx.core.envs import env_spec
-from ppo_eqx.host.checkpoint import init_checkpoint, save_checkpoint
+from ppo_eqx.host.checkpoint import save_checkpoint
 from ppo_eqx.host.evaluate import MAX_ENVS, episode_quotas, evaluate, summarise
+from ppo_eqx.host.fresh import init_checkpoint
 
 pytestmark = pytest.mark.envpool
 

@@ -21,7 +21,7 @@ from ppo_eqx import (
     Trainer,
     load_checkpoint,
     read_checkpoint,
-    run_seeds,
+    run_agents,
     save_checkpoint,
 )
 from ppo_eqx.cli.command_line import build_parser
@@ -29,8 +29,8 @@ from ppo_eqx.cli.plan import config_from_args
 from ppo_eqx.core.envs import backend
 from ppo_eqx.core.networks import MLP
 from ppo_eqx.errors import UsageError
-from ppo_eqx.host.checkpoint import fresh_agents
 from ppo_eqx.host.conv_route import resolve_conv_impl_for
+from ppo_eqx.host.fresh import fresh_agents
 
 from .comparisons import ATOL, RTOL, final_checkpoint_bytes, leaves_equal, metrics
 
@@ -178,7 +178,7 @@ GYMNAX_RUN = PPOConfig(
 def records(trainer: Trainer, **kwargs) -> list[list[dict]]:
     return [
         [{k: v for k, v in r.items() if k not in ("sps", "time_elapsed")} for r in rs]
-        for rs in run_seeds(trainer, **kwargs)
+        for rs in run_agents(trainer, **kwargs)
     ]
 
 
@@ -251,7 +251,7 @@ def test_ctrl_c_between_checkpoints_and_resume_gives_the_uninterrupted_run(tmp_p
     supervisor = importlib.import_module("ppo_eqx.cli.supervisor")
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     assert main(["train", *CLI_RUN, "--run-dir", str(whole)]) == 0
-    real_run_seeds = supervisor.run_seeds
+    real_run_seeds = supervisor.run_agents
 
     def interrupted(trainer, **kwargs):
         for records in real_run_seeds(trainer, **kwargs):
@@ -259,7 +259,7 @@ def test_ctrl_c_between_checkpoints_and_resume_gives_the_uninterrupted_run(tmp_p
                 os.kill(os.getpid(), signal.SIGINT)  # handled by the supervisor: stop after the program under way
             yield records
 
-    monkeypatch.setattr(supervisor, "run_seeds", interrupted)
+    monkeypatch.setattr(supervisor, "run_agents", interrupted)
     assert main(["train", *CLI_RUN, "--run-dir", str(stopped)]) == 130
     monkeypatch.undo()
     assert "stopped by SIGINT after iteration 6" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import pytest
 
 from ppo_eqx import ConfigError, PPOConfig
 from ppo_eqx.cli import main
-from ppo_eqx.core.envs import env_spec, seeds_env_step, segment_env_seeds
+from ppo_eqx.core.envs import agents_env_step, env_spec, segment_env_seeds
 from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_checkpoint
 from ppo_eqx.host.trainer import pool_env_seeds
 from ppo_eqx_bench.runs import find_run_dirs, load_run
@@ -61,7 +61,7 @@ def test_agent_s_gets_the_envs_of_the_single_seed_run(iteration):
 def test_the_seeds_env_step_steps_one_pool_for_all_agents():
     num_seeds, num_envs, num_steps = 3, 2, 7
     handle, _, env_step = counting_env(num_seeds * num_envs)  # a pure fake pool: no EnvPool
-    step = seeds_env_step(env_step, num_seeds)
+    step = agents_env_step(env_step, num_seeds)
     actions = jax.random.randint(jax.random.PRNGKey(0), (num_steps, num_seeds, num_envs), 0, 3, jnp.int32)
 
     def agents(handle, actions):

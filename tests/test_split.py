@@ -26,7 +26,7 @@ COMPARE = """
 
     def train(config, placement):
         with ppo_eqx.Trainer(config, placement=placement) as trainer:
-            records = list(ppo_eqx.run_seeds(trainer))
+            records = list(ppo_eqx.run_agents(trainer))
             checkpoint = trainer.checkpoint()
         arrays = [np.asarray(x) for x in jax.tree.leaves(eqx.filter(checkpoint, eqx.is_array))]
         return records, arrays

@@ -21,7 +21,7 @@ from ppo_eqx.core.loss import ppo_loss
 from ppo_eqx.core.update import learning_rate_schedule
 from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_checkpoint
 from ppo_eqx.host.evaluate import EVAL_STREAM, evaluate
-from ppo_eqx.host.loop import run, run_seeds
+from ppo_eqx.host.loop import run, run_agents
 from ppo_eqx.host.trainer import Trainer, pool_env_seeds
 from ppo_eqx_bench.runs import find_run_dirs
 
@@ -194,7 +194,7 @@ def records_and_params(config: PPOConfig, iterations: int):
         if config.num_agents == 1:
             records = [[record] for record in run(trainer, num_iterations=iterations)]
         else:
-            records = list(run_seeds(trainer, num_iterations=iterations))
+            records = list(run_agents(trainer, num_iterations=iterations))
         return records, eqx.filter(trainer.checkpoint().model, eqx.is_array)
 
 

@@ -143,7 +143,7 @@ def test_each_record_times_its_own_iteration_when_the_dispatch_runs_it(monkeypat
     clock = _Clock()
     monkeypatch.setattr(loop, "time", clock)
     trainer = _SleepingTrainer(seconds=0.05, iterations=5, clock=clock)
-    records = [records[0] for records in loop.run_seeds(trainer)]
+    records = [records[0] for records in loop.run_agents(trainer)]
     assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5]
     # 512 steps in 0.05 s each: 10,240 steps/s, the first and the last too (not twice as long, not ~0).
     for record in records:

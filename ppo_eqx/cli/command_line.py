@@ -138,7 +138,8 @@ def _add_parallel_flags(train: argparse.ArgumentParser) -> None:
     parallel = train.add_argument_group(
         "devices and hosts",
         "Data parallelism: each minibatch is split over the devices, the gradients averaged; the envs are split "
-        "over the processes, each with its own EnvPool. The run computes what one device computes, up to the "
+        "over the processes, each stepping its own share with the run's env backend. The run computes what one "
+        "device computes, up to the "
         "order of floating-point sums (see README). Process 0 writes the run directory; every process reads "
         "--resume's.",
     )

@@ -12,13 +12,13 @@ second of CPU, only when ``XLA_FLAGS`` is set and this process has no backend ye
 ``AssertionError`` for ``cuda`` without an NVIDIA GPU): ``check_backend`` makes that use, once, and refuses.
 """
 
-import math
 import os
 import re
 import subprocess
 import sys
 from typing import Any
 
+from ..config import agents_of
 from ..errors import UsageError
 
 PROBE_TIMEOUT_S = 120.0
@@ -128,7 +128,7 @@ def schedule_small_programs(args: Any) -> str | None:
         return None
     if args.env_backend != "gymnax" or args.env_id not in SMALL_JAX_ENVS:
         return None
-    agents = math.prod(len(values) for _, values in args.sweep or ()) * (args.num_seeds or 1)  # PPOConfig.num_agents
+    agents = agents_of(args.sweep or (), args.num_seeds or 1)
     if agents > SMALL_PROGRAM_AGENTS or "concurrency_optimized_scheduler" in (flags or ""):
         return None
     os.environ["XLA_FLAGS"] = f"{flags} {SEQUENTIAL_SCHEDULER}" if flags else SEQUENTIAL_SCHEDULER

@@ -24,7 +24,7 @@ from ..core.state import Checkpoint
 from ..errors import NonFiniteError, RunError
 from ..host.checkpoint import checkpoint_name, save_checkpoint
 from ..host.conv_route import auto_note
-from ..host.loop import run_seeds
+from ..host.loop import run_agents
 from ..host.mesh import MeshPlacement, any_process
 from ..host.ownership import Manifest, never_trained
 from ..host.placement import placement_for, rollout_record
@@ -203,10 +203,12 @@ class Supervisor:
             mininterval=1.0,
         )
         try:
-            for records in run_seeds(self.trainer, pause=self._pause, time_offset=self.time_offset):
+            for records in run_agents(self.trainer, pause=self._pause, time_offset=self.time_offset):
                 self._write(records)
                 self._show(bar, records)
-                if self._checkpoint_now(int(records[0]["iteration"])):
+                iteration = int(records[0]["iteration"])
+                self._save_if_due(iteration)
+                if self._stops_after(iteration):
                     break
         except NonFiniteError as error:
             self._write(error.records)
@@ -270,15 +272,22 @@ class Supervisor:
             self.stop.signal = self.stop.signal or "stop"
         return self._boundary(iteration) or self.stop.signal is not None
 
-    def _checkpoint_now(self, iteration: int) -> bool:
-        """Save at segment boundaries, at the end and on a stop request; True when the loop should stop. A stop
+    def _state_is_of(self, iteration: int) -> bool:
+        """Whether the trainer's state is that of ``iteration`` (not of a program dispatched after it): a stop
         requested while the next iteration was under way waits for that one's records."""
-        if self.trainer.iteration != iteration:
-            return False
+        return self.trainer.iteration == iteration
+
+    def _save_if_due(self, iteration: int) -> None:
+        """A checkpoint at segment boundaries, at the end, and on a stop request."""
+        if not self._state_is_of(iteration):
+            return
         boundary = self._boundary(iteration)
         if boundary or self.stop.signal:
             self._save(iteration, "periodic" if boundary else self.stop.signal or "stop")
-        return self.stop.signal is not None
+
+    def _stops_after(self, iteration: int) -> bool:
+        """Whether the loop stops after ``iteration``: a stop was requested and the state is that iteration's."""
+        return self._state_is_of(iteration) and self.stop.signal is not None
 
     def _save(self, iteration: int, reason: str) -> None:
         checkpoint = self.trainer.checkpoint()  # collective: every process takes part

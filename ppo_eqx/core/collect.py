@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from ._types import Batch, EnvOutput, EpisodeStats
-from .envs import AsyncPool, EnvStep, Pool, seeds_env_step
+from .envs import AsyncPool, EnvStep, Pool, agents_env_step
 from .gae import compute_gae, compute_gae_by_env, truncation_bootstrap
 from .networks import ActorCritic
 from .rollout import (
@@ -47,7 +47,7 @@ class Collector(NamedTuple):
     """The carry to go on from with what ``save`` kept: on this pool's fresh envs, with the finished episodes kept,
     for a host pool; the saved carry itself otherwise."""
     shared_handle: bool
-    """True when the agents of a program step one pool through one handle (host pools, ``seeds_env_step``); False
+    """True when the agents of a program step one pool through one handle (host pools, ``agents_env_step``); False
     when each agent has its own envs' state in the carry, mapped by the ``vmap`` over agents."""
 
 
@@ -121,12 +121,12 @@ def sync_collector(
     """Roll out every env of ``pool`` ``num_steps`` times (``rollout``), then ``compute_gae``.
 
     With ``num_agents`` S > 1 the pool holds S agents' envs, agent s's the s-th block of ``N``: ``collect`` is
-    one agent's, to be ``vmap``-ed over S (``seeds_env_step``), and ``carry`` takes ``[S, N]`` statistics.
+    one agent's, to be ``vmap``-ed over S (``agents_env_step``), and ``carry`` takes ``[S, N]`` statistics.
     ``first_env`` and ``total_envs`` say which envs of a larger run these are (one process's share, see
     ``rollout``). With ``bootstrap_truncated``, a time limit is bootstrapped from the value of the final
     observation (``bootstrapping_step``).
     """
-    step = pool.step if num_agents == 1 else seeds_env_step(pool.step, num_agents)
+    step = pool.step if num_agents == 1 else agents_env_step(pool.step, num_agents)
 
     def carry(stats: EpisodeStats) -> RolloutCarry:
         return RolloutCarry(pool.handle, _per_agent(jnp.asarray(pool.first_obs), num_agents), stats)
@@ -144,7 +144,7 @@ def jax_env_collector(
 
     With ``num_agents`` S > 1 the pool's ``S * N`` envs are split into each agent's own ``[S, N, ...]`` state,
     handle and observations alike, which the ``vmap`` over agents maps as any other array (no
-    ``seeds_env_step``). A checkpoint keeps the whole carry (env state, env keys, observations, running episodes),
+    ``agents_env_step``). A checkpoint keeps the whole carry (env state, env keys, observations, running episodes),
     so a run restored from any checkpoint goes on as the uninterrupted one did, bit for bit.
     """
 

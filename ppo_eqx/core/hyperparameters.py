@@ -2,7 +2,7 @@
 
 ``Hyperparameters`` (``settings.py``, jax-free) holds them as Python values, with CleanRL's names and defaults;
 ``PPOConfig`` derives from it. ``AgentHyperparameters`` holds the same fields as arrays: a scalar where the agents
-of a program share a value, ``[A]`` where they differ, the axis a ``vmap`` over the agents maps. The training
+of a program share a value, ``[S]`` where they differ, the axis a ``vmap`` over the agents maps. The training
 state carries them; the collector (``gamma``, ``gae_lambda``), the loss and the optimizer read them there. What
 sets an array's shape or a loop's length stays static beside them: ``Sizes``.
 
@@ -26,7 +26,7 @@ from .checks import typechecked
 @typechecked  # each field checked when one is built (dataclasses.replace too): float32 or bool arrays
 class AgentHyperparameters(eqx.Module):
     """``Hyperparameters`` as arrays, float32 or bool, for the agents of one program: each a scalar that every
-    agent shares, or, where the agents differ (a swept hyperparameter), ``[A]`` with one value per agent, the
+    agent shares, or, where the agents differ (a swept hyperparameter), ``[S]`` with one value per agent, the
     axis a ``vmap`` over the agents maps (``axes``)."""
 
     learning_rate: Float[Array, "..."]
@@ -42,7 +42,7 @@ class AgentHyperparameters(eqx.Module):
 
     @classmethod
     def of(cls, agents: Sequence[Hyperparameters]) -> "AgentHyperparameters":
-        """The hyperparameters of ``agents``: a scalar where they share the value, ``[A]`` where they differ."""
+        """The hyperparameters of ``agents``: a scalar where they share the value, ``[S]`` where they differ."""
 
         def column(field: dataclasses.Field) -> Array:
             values = [getattr(agent, field.name) for agent in agents]

@@ -21,8 +21,8 @@ from .networks import ActorCritic
 from .state import AgentKeys, TrainState
 from .update import current_learning_rate, update
 
-Metrics = dict[str, Float[Array, "*A"]]
-"""Scalars of one iteration; with ``num_agents`` A > 1, one per agent."""
+Metrics = dict[str, Float[Array, "*S"]]
+"""Scalars of one iteration; with ``num_agents`` S > 1, one per agent."""
 FINITE = "finite"
 """The metric that says whether the model and optimizer state are free of NaN and inf after the iteration (read
 by the host loop with the other metrics, not logged)."""
@@ -135,7 +135,7 @@ def compose(
 
 
 Chunk = Callable[[TrainState, Int[Array, ""]], tuple[TrainState, Metrics]]
-"""``chunk(state, count) -> (state, metrics)``: ``count`` iterations in one program, each metric ``[K, *A]``."""
+"""``chunk(state, count) -> (state, metrics)``: ``count`` iterations in one program, each metric ``[K, *S]``."""
 
 
 def over_iterations(iteration: Iteration, length: int) -> Chunk:
@@ -167,8 +167,8 @@ def make_iteration(collector: Collector, sizes: Sizes) -> Iteration:
     (``update_epochs`` epochs of minibatch steps). Its metrics follow CleanRL's (``learn``, ``episode_metrics``),
     with ``FINITE`` besides.
 
-    With ``sizes.num_agents`` A > 1 the collector is one agent's (``sync_collector(num_agents=A)``) and the
-    iteration is that agent's ``vmap``-ed over A (``over_agents``): every metric is ``[A]``.
+    With ``sizes.num_agents`` S > 1 the collector is one agent's (``sync_collector(num_agents=S)``) and the
+    iteration is that agent's ``vmap``-ed over S (``over_agents``): every metric is ``[S]``.
     """
     update = one_device_update(sizes)
 
@@ -200,7 +200,7 @@ def _is_none(x: object) -> bool:
 
 
 def over_agents(iteration: Iteration, *, shared_handle: bool = True) -> Iteration:
-    """One agent's iteration ``vmap``-ed over the leading ``A`` axis of a stacked state (``agent_axes``)."""
+    """One agent's iteration ``vmap``-ed over the leading ``S`` axis of a stacked state (``agent_axes``)."""
 
     def agents(state: TrainState) -> tuple[TrainState, Metrics]:
         axes = agent_axes(state, shared_handle=shared_handle)
@@ -269,7 +269,7 @@ def _arrays(tree: PyTree) -> PyTree:
 
 def make_prime(collector: Collector, sizes: Sizes) -> Callable[[TrainState], TrainState]:
     """``collector.prime`` of a fresh pool (the state's carry from ``collector.carry``) with the state's model;
-    with ``num_agents`` A > 1, each agent's (``vmap``-ed as the iteration is)."""
+    with ``num_agents`` S > 1, each agent's (``vmap``-ed as the iteration is)."""
 
     def prime(state: TrainState) -> TrainState:
         carry, key = collector.prime(state.model, state.carry, state.key)

@@ -14,14 +14,14 @@ from .networks import ActorCritic, ConvRoute, NetworkInit
 from .rollout import init_episode_stats
 from .update import make_optimizer
 
-AgentKeys = Key[Array, "*A"] | UInt32[Array, "*A 2"]
-"""A PRNG key, or with ``num_agents`` A > 1 one per agent."""
+AgentKeys = Key[Array, "*S"] | UInt32[Array, "*S 2"]
+"""A PRNG key, or with ``num_agents`` S > 1 one per agent."""
 
 
 class TrainState(eqx.Module):
     """Everything one iteration reads and writes. ``iteration`` counts finished iterations; ``hyperparameters``
-    are the agents' own (read, never changed). With A > 1 agents every array but the env handle and
-    ``iteration`` has a leading ``A`` axis."""
+    are the agents' own (read, never changed). With S > 1 agents every array but the env handle and
+    ``iteration`` has a leading ``S`` axis."""
 
     model: ActorCritic
     opt_state: PyTree
@@ -39,7 +39,7 @@ class Checkpoint(eqx.Module):
     last finished episode of every env is kept and the running ones are dropped on restore, as the envs are made
     afresh. For a backend whose env state is data (gymnax) it is the whole rollout carry (env state, env keys,
     observations, episode statistics): a restored run goes on exactly as the uninterrupted one. With
-    ``num_agents`` A > 1 every field but ``iteration`` has a leading ``A`` axis.
+    ``num_agents`` S > 1 every field but ``iteration`` has a leading ``S`` axis.
     """
 
     model: ActorCritic
@@ -52,7 +52,7 @@ class Checkpoint(eqx.Module):
 def init_agents(
     spec: EnvSpec,
     hyperparameters: AgentHyperparameters,
-    seeds: int | Int[Array, " A"],
+    seeds: int | Int[Array, " S"],
     *,
     num_envs: int,
     sizes: Sizes,
@@ -61,7 +61,7 @@ def init_agents(
 ) -> Checkpoint:
     """A fresh run's model, optimizer state, key and episode statistics (as ``envs``), at iteration 0: agent k's
     from ``PRNGKey(seeds[k])`` and its ``hyperparameters``, the model's layers started as ``network_init`` says,
-    each stacked over a leading ``A`` axis when ``sizes.num_agents`` > 1 (``eqx.filter_vmap`` over the agents);
+    each stacked over a leading ``S`` axis when ``sizes.num_agents`` > 1 (``eqx.filter_vmap`` over the agents);
     one agent's, unstacked, otherwise."""
 
     def init(

@@ -1,5 +1,5 @@
 """The host loop: dispatch programs on a ``Trainer`` (an iteration each, or a chunk of them), read each one's
-metrics as the next runs, and turn them into one record per agent and iteration (``run_seeds``; ``run`` for one
+metrics as the next runs, and turn them into one record per agent and iteration (``run_agents``; ``run`` for one
 agent, ``train`` from a config)."""
 
 import math
@@ -31,11 +31,11 @@ def run(trainer: Trainer, *, num_iterations: int | None = None) -> Iterator[dict
     chunk, where one program runs several), ``time_elapsed`` (seconds since the loop started, the first
     program's compile included, at the end of the program that ran the iteration) and the
     iteration's metrics as floats. Raises NonFiniteError (naming the iteration) instead of yielding an
-    iteration whose loss or parameters are NaN or inf. For a single agent; ``run_seeds`` yields every agent's.
+    iteration whose loss or parameters are NaN or inf. For a single agent; ``run_agents`` yields every agent's.
     """
     if trainer.config.num_agents != 1:
-        raise ValueError(f"run() is for one agent; use run_seeds() for num_agents={trainer.config.num_agents}")
-    for records in run_seeds(trainer, num_iterations=num_iterations):
+        raise ValueError(f"run() is for one agent; use run_agents() for num_agents={trainer.config.num_agents}")
+    for records in run_agents(trainer, num_iterations=num_iterations):
         yield records[0]
 
 
@@ -50,7 +50,7 @@ def agent_records(config: PPOConfig, iteration: int, metrics: dict[str, Any], se
     return records
 
 
-def run_seeds(
+def run_agents(
     trainer: Trainer,
     *,
     num_iterations: int | None = None,

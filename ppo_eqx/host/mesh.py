@@ -16,6 +16,7 @@ from jaxtyping import Array, PRNGKeyArray, PyTree, Shaped
 from ..config import PPOConfig
 from ..core._types import Batch, EpisodeStats
 from ..core.collect import Collector
+from ..core.envs import backend
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Collected, Metrics, collect, compose, learn
 from ..core.networks import ActorCritic
@@ -61,10 +62,10 @@ def check_mesh_config(config: PPOConfig, mesh: Mesh) -> None:
         raise ConfigError(
             f"async_batch_size={config.async_batch_size} cannot train on a mesh of {num_devices} devices; allowed: 0"
         )
-    if config.env_backend == "gymnax":
+    if backend(config.env_backend).state_is_data:
         raise ConfigError(
-            f"env_backend='gymnax' cannot train on a mesh of {num_devices} devices (not done yet); allowed: "
-            "envpool, ale"
+            f"env_backend={config.env_backend!r} cannot train on a mesh of {num_devices} devices (its envs run in the "
+            "program: not done yet); allowed: envpool, ale"
         )
     if config.rollout_on == "host":
         raise ConfigError(

@@ -16,8 +16,8 @@ from ..core.iteration import Metrics, make_iteration, make_prime, over_iteration
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, TrainState
 from ..errors import ConfigError
-from .checkpoint import fresh_agents
 from .compiled import own_jit
+from .fresh import fresh_agents
 from .pools import EnvShare
 
 

@@ -7,8 +7,8 @@ segment's envs are made afresh and seeded from (seed, first iteration of the seg
 from a checkpoint at a segment boundary goes on exactly as the uninterrupted run did. A backend whose env state
 is data (gymnax) has one pool for the whole run: its state is saved in every checkpoint instead.
 
-With ``config.num_agents`` A > 1 the program trains A independent agents (``num_seeds`` seeds of each setting of
-``config.sweep``) on one pool of ``A * num_envs`` envs: agent k's envs are those of the single run of
+With ``config.num_agents`` S > 1 the program trains S independent agents (``num_seeds`` seeds of each setting of
+``config.sweep``) on one pool of ``S * num_envs`` envs: agent k's envs are those of the single run of
 ``config.agent_configs()[k]``, and agent k computes what that run computes, up to float rounding (see README).
 """
 
@@ -28,8 +28,8 @@ from ..core.envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend
 from ..core.iteration import Metrics
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
-from .checkpoint import init_checkpoint
 from .conv_route import ready, resolve_conv_impl_for
+from .fresh import init_checkpoint
 from .placement import Placement, Program, placement_for
 from .pools import make_collector, pool_env_seeds
 
@@ -165,10 +165,6 @@ class Trainer:
         if renew and self.iteration < config.num_iterations:
             self._new_envs(self.iteration)
         return Dispatch(self.iteration, count, metrics, program.length > 1)
-
-    def step(self) -> Metrics:
-        """``dispatch()``'s metrics: one iteration's, or stacked ``[K, ...]`` for a program of K iterations."""
-        return self.dispatch().metrics
 
     def _new_envs(self, iteration: int) -> None:
         if self._next is None:

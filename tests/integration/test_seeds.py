@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from ppo_eqx import PPOConfig, Trainer, run, run_seeds
+from ppo_eqx import PPOConfig, Trainer, run, run_agents
 
 from ..comparisons import ATOL, PARAM_ATOL, RTOL
 
@@ -17,7 +17,7 @@ BREAKOUT = PPOConfig(env_id="Breakout-v5", total_timesteps=2 * 128, num_envs=4, 
 def train(config: PPOConfig) -> tuple[list, Trainer]:
     trainer = Trainer(config)
     try:
-        records = list(run_seeds(trainer)) if config.num_seeds > 1 else list(run(trainer))
+        records = list(run_agents(trainer)) if config.num_seeds > 1 else list(run(trainer))
     finally:
         trainer.close()
     return records, trainer

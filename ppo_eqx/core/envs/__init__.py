@@ -18,6 +18,7 @@ import numpy as np
 from jax import custom_batching
 from jaxtyping import Array, Int
 
+from ...config import ENV_BACKENDS
 from ...errors import ConfigError
 from .._types import EnvOutput, ObsKind
 
@@ -42,7 +43,10 @@ BACKENDS = {
     "ale": _Module("ppo_eqx.core.envs.ale", ("ale_py", "chex", "gymnasium"), "pip install 'ppo_eqx[ale]'"),
     "gymnax": _Module("ppo_eqx.core.envs.gymnax", ("gymnax", "flax"), "pip install 'ppo_eqx[gymnax]'"),
 }
-"""Backend name -> where it lives and what it needs."""
+"""Backend name -> where it lives and what it needs; the names are ``config.ENV_BACKENDS`` (the jax-free face the
+command line's ``--env-backend`` takes), in its order: the check below keeps the two equal."""
+if tuple(BACKENDS) != ENV_BACKENDS:
+    raise TypeError(f"core.envs.BACKENDS names {tuple(BACKENDS)}, config.ENV_BACKENDS {ENV_BACKENDS}: one list")
 
 
 class EnvThreads(NamedTuple):
@@ -171,7 +175,7 @@ def segment_env_seeds(seed: int, iteration: int, num_envs: int) -> list[int]:
     return derived_seeds(seed, iteration, num_envs)
 
 
-def seeds_env_step(env_step: EnvStep, num_seeds: int) -> EnvStep:
+def agents_env_step(env_step: EnvStep, num_seeds: int) -> EnvStep:
     """``env_step`` of a pool of ``S * N`` envs made vmappable over ``S`` agents of ``N`` envs each.
 
     A backend's XLA call has no batching rule, so ``jax.vmap`` cannot step it. Under ``vmap`` over a leading
