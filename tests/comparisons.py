@@ -12,7 +12,22 @@ import numpy as np
 # vmapped matmuls are batched differently by XLA, so sums are accumulated in another order: agent s differs
 # from the single-seed run by float32 rounding, which training then carries on (see README, "Many seeds").
 RTOL, ATOL = 1e-4, 1e-5
-PARAM_ATOL = 1e-6
+ROUNDING_SHARE = 1e-2
+"""How much of a run's largest possible parameter change float32 rounding may account for (``param_atol``)."""
+
+
+def param_atol(config, iterations: int) -> float:
+    """How far one agent's parameters may be from its single run's after ``iterations``, stated from the update's
+    arithmetic, not from one machine's result: Adam moves a parameter by about the learning rate per minibatch step
+    whatever the gradient's size (``m / sqrt(v)`` is near 1 in magnitude early on), so ``learning_rate x steps``
+    bounds what the run can change, and rounding (sums in another order: relative differences of 1e-7 to 1e-5 in
+    each gradient) changes a step's size by far less than 1% of it. A wrong agent's data or hyperparameters
+    change it by the order of the steps themselves: far above this. The largest learning rate of a sweep counts."""
+    rates = [config.learning_rate, *(v for name, values in config.sweep if name == "learning_rate" for v in values)]
+    steps = iterations * config.num_minibatches * config.update_epochs
+    return ROUNDING_SHARE * max(rates) * steps
+
+
 VOLATILE = frozenset({"sps", "time_elapsed"})
 """The metrics that time the run, which no two runs share."""
 

@@ -21,7 +21,7 @@ import ppo_eqx
 pytestmark = pytest.mark.envpool
 
 SELF = Path(f"/proc/{os.getpid()}")
-TRAINERS = 4
+TRAINERS = 3
 PER_TRAINER_BEFORE = 1100
 """Memory maps that each CartPole trainer left behind before the fix (2026-12-04, jax 0.10.2, 2-core EPYC)."""
 

@@ -38,9 +38,9 @@ COMPARE = """
         ("cartpole-2-seeds", "CartPole-v1", {"num_seeds": 2}, None),
         ("breakout-rollout-on-another-route", "Breakout-v5", {"conv_impl": "kernel"}, "matmul"),
     ):
-        config = ppo_eqx.PPOConfig.for_task(
-            env_id, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, total_timesteps=4 * 16 * 4,
-            checkpoint_every=2, **extra,
+        config = ppo_eqx.PPOConfig.for_task(  # 3 iterations, the envs made afresh after the first (a new segment)
+            env_id, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, total_timesteps=4 * 16 * 3,
+            checkpoint_every=1, **extra,
         )
         one, one_arrays = train(config, None)
         # The rollout on the second device, the learning on the first: the batch and the parameters cross over.
@@ -49,7 +49,7 @@ COMPARE = """
                    for a, b in zip(one_arrays, split_arrays, strict=True) if a.dtype.kind == "f")
         same_ints = all(np.array_equal(a, b) for a, b in zip(one_arrays, split_arrays) if a.dtype.kind != "f")
         losses = [[agent["loss"] for agent in row] for row in one], [[agent["loss"] for agent in row] for row in split]
-        steps = 4 * config.num_minibatches * config.update_epochs
+        steps = config.num_iterations * config.num_minibatches * config.update_epochs
         results[name] = {"diff": diff, "same_ints": same_ints, "losses": losses, "steps": steps,
                          "learning_rate": config.learning_rate, "devices": [str(d) for d in jax.devices()]}
     print(json.dumps(results))

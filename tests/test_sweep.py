@@ -25,7 +25,7 @@ from ppo_eqx.host.loop import run, run_agents
 from ppo_eqx.host.trainer import Trainer, pool_env_seeds
 from ppo_eqx_bench.runs import find_run_dirs
 
-from .comparisons import ATOL, PARAM_ATOL, RTOL, VOLATILE, final_checkpoint_bytes, metrics, resume_a_copy
+from .comparisons import ATOL, RTOL, VOLATILE, final_checkpoint_bytes, metrics, param_atol, resume_a_copy
 from .run_files import listing
 
 pytestmark = pytest.mark.unit
@@ -208,7 +208,7 @@ def assert_agents_equal_single_runs(config: PPOConfig, iterations: int, agents: 
                 if name not in VOLATILE:
                     np.testing.assert_allclose(got[name], value, rtol=RTOL, atol=ATOL, err_msg=f"agent {k} {name}")
         for got, want in zip(jax.tree.leaves(stacked), jax.tree.leaves(single), strict=True):
-            np.testing.assert_allclose(got[k], want, rtol=0, atol=PARAM_ATOL)
+            np.testing.assert_allclose(got[k], want, rtol=0, atol=param_atol(config, iterations))
     # Not trivially close: the agents differ from each other.
     last = records[-1]
     assert any(last[0][name] != last[-1][name] for name in ("loss", "learning_rate", "value_loss"))
