@@ -2,8 +2,9 @@
 
 On a CPU machine two host devices stand for the host's CPU and an accelerator (``XLA_FLAGS`` forces them, so the
 cases run in processes of their own): the split run computes what the one-program run computes, to float32
-rounding, for one agent, for several, and with the rollout's convolutions on another route; a split run resumed
-from a checkpoint is the uninterrupted one bit for bit; EnvPool's threads change nothing the run computes.
+rounding, for one agent with the rollout's convolutions on another route and for two agents in one program; a
+split run resumed from a checkpoint is the uninterrupted one bit for bit; EnvPool's threads change nothing the run
+computes.
 """
 
 import json
@@ -33,13 +34,14 @@ COMPARE = """
 
     results = {}
     cpu, other = jax.devices()
+    # One agent (Breakout, the rollout's convolutions on another route than the learning's) and two agents in one
+    # program (CartPole, each stage vmapped): 2 iterations each, the envs made afresh after the first.
     for name, env_id, extra, rollout_conv in (
-        ("cartpole", "CartPole-v1", {}, None),
         ("cartpole-2-seeds", "CartPole-v1", {"num_seeds": 2}, None),
         ("breakout-rollout-on-another-route", "Breakout-v5", {"conv_impl": "kernel"}, "matmul"),
     ):
-        config = ppo_eqx.PPOConfig.for_task(  # 3 iterations, the envs made afresh after the first (a new segment)
-            env_id, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, total_timesteps=4 * 16 * 3,
+        config = ppo_eqx.PPOConfig.for_task(
+            env_id, num_envs=4, num_steps=16, num_minibatches=2, update_epochs=1, total_timesteps=4 * 16 * 2,
             checkpoint_every=1, **extra,
         )
         one, one_arrays = train(config, None)
@@ -63,7 +65,7 @@ def compared() -> dict:
     return json.loads(out[-1])
 
 
-@pytest.mark.parametrize("name", ["cartpole", "cartpole-2-seeds", "breakout-rollout-on-another-route"])
+@pytest.mark.parametrize("name", ["cartpole-2-seeds", "breakout-rollout-on-another-route"])
 def test_the_split_run_computes_what_one_program_computes(compared: dict, name: str) -> None:
     result = compared[name]
     assert len(result["devices"]) == 2, result["devices"]
