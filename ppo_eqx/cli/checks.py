@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import PPOConfig
-from ..core.envs import EnvSpec, backend
+from ..core.envs import EnvSpec
 from ..core.networks import ConvRoute
 from ..errors import UsageError
 from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
@@ -57,7 +57,7 @@ def require(module: str, message: str) -> None:
         raise UsageError(message) from None
 
 
-def conv_route(config: PPOConfig) -> ConvRoute:
+def conv_route(config: PPOConfig, spec: EnvSpec) -> ConvRoute:
     """The route this machine's convolutions take for ``config.conv_impl``, resolved once, here, after the devices
     are joined (``resolve_conv_impl``): ``--conv-impl kernel`` where the kernel cannot run is refused before
     anything is written."""
@@ -65,7 +65,6 @@ def conv_route(config: PPOConfig) -> ConvRoute:
         reason = kernel_unavailable_reason()
         if reason is not None:
             raise UsageError(f"--conv-impl kernel: {reason}; use --conv-impl auto or matmul")
-    spec = backend(config.env_backend).spec(config.env_id)
     return resolve_conv_impl_for(config.conv_impl, spec)  # type: ignore[arg-type]  # validated by PPOConfig
 
 

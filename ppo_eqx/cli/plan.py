@@ -9,22 +9,29 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..config import PPOConfig, flag
-from ..core.envs import backend
+from ..core.envs import EnvBackend, EnvSpec, backend
+from ..core.networks import ConvRoute
 from ..errors import ConfigError, RunDirError, UsageError
 from ..host.checkpoint import CheckpointFile, check_same_run, read_checkpoint
-from ..host.ownership import has_run, never_trained, owned_agents, read_manifest, refuse_look_alikes
-from ..host.rundir import CONFIG, METRICS, SEEDS_CONFIG, agent_dirs, check_new_run_dir, checked_metrics, holds_run
+from ..host.ownership import read_manifest
+from ..host.rundir import CONFIG, METRICS, SEEDS_CONFIG, agent_dirs, checked_metrics
 
 
 class Plan(NamedTuple):
-    """A checked request to train: the config, where it is written, and what a resume starts from."""
+    """A checked request to train, resolved once at the edge and carried: the config, where it is written, what a
+    resume starts from, the env backend and its spec, the environment it computes under, and (once the devices are
+    known) the convolutions' route."""
 
     config: PPOConfig
     run_dir: Path
+    backend: EnvBackend
+    spec: EnvSpec
     resume: CheckpointFile | None = None
     """The newest checkpoint, read and checked, when resuming."""
     environment: dict[str, str | None] | None = None
     """The environment variables that change what it computes (``environment.RESULT_VARIABLES``), as set here."""
+    route: ConvRoute | None = None
+    """How the convolutions are computed here (``checks.conv_route``), once the devices are joined."""
 
     @property
     def start_iteration(self) -> int:
@@ -62,41 +69,13 @@ _TASK_FIELDS = _CONFIG_FIELDS - {"env_id", "env_backend"}
 
 def plan_new(args: argparse.Namespace) -> Plan:
     """The checked plan of a new run: its config and env (nothing is written; the run directory is checked by
-    the process that writes it, ``check_run_dirs``)."""
+    the process that writes it, ``host.ownership.check_run_dirs``)."""
     config = config_from_args(args)
     if args.track and config.num_agents > 1:
         raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds} and --sweep")
     run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
-    return Plan(config, run_dir)
-
-
-def check_run_dirs(plan: Plan, overwrite: bool) -> None:
-    """Every directory a new run writes may be written (nothing is written or created here): not an agent's
-    directory of another run; nothing in it named as a run's files that a run of ppo-eqx there did not write
-    (``look_alikes``); a run there only with ``overwrite`` (or one that never trained: a plain retry); and with
-    ``overwrite`` no agent's directory holding a run that the old run did not write (``--overwrite`` deletes only
-    the old run's)."""
-    run_dir = plan.run_dir
-    check_new_run_dir(run_dir, overwrite)
-    for parent in run_dir.absolute().parents:
-        if holds_run(parent) and any(run_dir.absolute().is_relative_to(a) for a in owned_agents(parent)):
-            raise RunDirError(f"--run-dir {run_dir} is an agent's directory of the run in {parent}; allowed: a path "
-                              "of its own")  # fmt: skip
-    refuse_look_alikes(run_dir, run_dir)
-    if has_run(run_dir) and not overwrite and not never_trained(run_dir):
-        raise RunDirError(
-            f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it "
-            f"or --resume {run_dir} to continue it"
-        )
-    owned = owned_agents(run_dir) if overwrite else set()
-    for agent_dir in plan.agent_dirs if plan.config.num_agents > 1 else []:
-        if overwrite and agent_dir not in owned and holds_run(agent_dir):
-            raise RunDirError(
-                f"{agent_dir} holds a run that the run in {run_dir} did not write, and --overwrite keeps it; move "
-                "it, or pick another --run-dir"
-            )
-        check_new_run_dir(agent_dir, overwrite)
-        refuse_look_alikes(run_dir, agent_dir)
+    chosen = backend(config.env_backend)
+    return Plan(config, run_dir, chosen, chosen.spec(config.env_id))
 
 
 def plan_resume(args: argparse.Namespace) -> Plan:
@@ -116,14 +95,15 @@ def plan_resume(args: argparse.Namespace) -> Plan:
         raise UsageError(f"--resume {run_dir}: no such run directory")
     read_manifest(run_dir)  # a damaged manifest is refused before the run is taken, as --overwrite refuses it
     config = _saved_config(run_dir)
-    backend(config.env_backend).spec(config.env_id)
+    chosen = backend(config.env_backend)
+    spec = chosen.spec(config.env_id)
     if args.track and config.num_agents > 1:
         raise UsageError(f"--track logs one run; {run_dir} trains {config.num_agents} agents")
     newest = read_checkpoint(run_dir)
     check_same_run(newest, config)
     if not os.access(run_dir, os.W_OK | os.X_OK):
         raise RunDirError(f"--resume {run_dir} is not writable")
-    plan = Plan(config, run_dir, newest)
+    plan = Plan(config, run_dir, chosen, spec, newest)
     for agent_dir in plan.agent_dirs:  # a damaged history is refused before anything is written
         checked_metrics(agent_dir / METRICS, plan.start_iteration)
     return plan

@@ -3,6 +3,7 @@ Trainer, Ctrl-C and SIGTERM, checkpoints at segment boundaries, and how it ends.
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import signal
 import sys
@@ -18,7 +19,6 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from ..config import PPOConfig
-from ..core.envs import backend
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
 from ..errors import NonFiniteError, RunError
@@ -57,6 +57,31 @@ def _mean_return(records: list[dict[str, Any]]) -> float:
     return sum(returns) / len(returns) if returns else math.nan
 
 
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How ``ppo-eqx train`` runs, beside what it trains (the plan): the checkpoints kept, the writers, the
+    progress shown."""
+
+    keep_checkpoints: int = 3
+    tensorboard: bool = True
+    progress: bool = True
+    track: bool = False
+    wandb_project_name: str = "cleanRL"
+    wandb_entity: str | None = None
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> "RunOptions":
+        """The options that ``train``'s flags give (``command_line``'s run flags)."""
+        return cls(
+            keep_checkpoints=args.keep_checkpoints,
+            tensorboard=not args.no_tensorboard,
+            progress=not args.no_progress,
+            track=args.track,
+            wandb_project_name=args.wandb_project_name,
+            wandb_entity=args.wandb_entity,
+        )
+
+
 class Supervisor:
     """One ``ppo-eqx train`` once its input is checked: the writers, the trainer, signals, checkpoints, the end.
 
@@ -64,20 +89,14 @@ class Supervisor:
     Ctrl-C) is a ``RunError`` (one line), with everything written before it intact.
     """
 
-    def __init__(
-        self,
-        args: argparse.Namespace,
-        plan: Plan,
-        mesh: Mesh | None,
-        writes: bool,
-        restore: Checkpoint | None,
-        conv_impl: ConvRoute,
-    ):
-        self.args, self.plan, self.mesh, self.writes, self.restore = args, plan, mesh, writes, restore
+    def __init__(self, options: RunOptions, plan: Plan, mesh: Mesh | None, writes: bool, restore: Checkpoint | None):
+        if plan.route is None:
+            raise ValueError("the plan's convolution route is resolved before a run is supervised")
+        self.options, self.plan, self.mesh, self.writes, self.restore = options, plan, mesh, writes, restore
         self.config = plan.config
-        self.conv_impl: ConvRoute = conv_impl
-        self.writers: list[Any] = []
-        self.trainer: Any = None
+        self.conv_impl: ConvRoute = plan.route
+        self.writers: list[RunWriter] = []
+        self.trainer: Trainer | None = None
         self.stop = _StopRequest()
         self.last_checkpoint: Path | None = None if plan.resume is None else plan.resume.path
         self.thread_errors: list[BaseException] = []
@@ -142,11 +161,10 @@ class Supervisor:
         devices = "" if self.mesh is None else f" ({self.mesh.size} devices, {jax.process_count()} processes)"
         hardware = hardware_info(self.conv_impl)  # with the route the convolutions take here
         hardware["environment"] = plan.environment
-        chosen = backend(config.env_backend)
         placement = (
             MeshPlacement(config, self.mesh)
             if self.mesh is not None
-            else placement_for(config, chosen.spec(config.env_id), state_is_data=chosen.state_is_data)
+            else placement_for(config, plan.spec, state_is_data=plan.backend.state_is_data)
         )
         hardware["rollout"] = rollout_record(placement)
         self.say(
@@ -155,27 +173,34 @@ class Supervisor:
             f"run directory {plan.run_dir}, jax {jax.__version__} on {jax.default_backend()}{devices}, "
             f"convolutions: {_route(hardware)}, rollout: {_rollout(hardware['rollout'])}"
         )
-        note = auto_note(config.conv_impl, self.conv_impl, chosen.spec(config.env_id))  # type: ignore[arg-type]
+        note = auto_note(config.conv_impl, self.conv_impl, plan.spec)  # type: ignore[arg-type]
         if note is not None:
             self.say(f"ppo-eqx: note: {note}")
         if self.mesh is not None:
             hardware["mesh"] = {"devices": self.mesh.size, "processes": jax.process_count()}
         self.writers = self._make_writers(hardware) if self.writes else []
-        self.trainer = Trainer(config, restore=self.restore, placement=placement, conv_impl=self.conv_impl)
+        self.trainer = Trainer(
+            config,
+            restore=self.restore,
+            placement=placement,
+            env_backend=plan.backend,
+            conv_impl=self.conv_impl,
+            spec=plan.spec,
+        )
         per_dispatch = config.iterations_per_dispatch
         program = "one iteration" if per_dispatch == 1 else f"a program of up to {per_dispatch} iterations"
         self.say(f"ppo-eqx: compiled {program} in {self.trainer.compile():.1f} s")
 
     def _make_writers(self, hardware: dict[str, Any]) -> list[Any]:
-        args, plan, config = self.args, self.plan, self.config
+        options, plan, config = self.options, self.plan, self.config
         resume_step = None if plan.resume is None else plan.start_iteration * config.batch_size
         writers = []
         for agent_dir, agent in zip(plan.agent_dirs, config.agent_configs(), strict=True):
             wandb_run = None
-            if args.track:
+            if options.track:
                 try:
                     wandb_run = start_wandb(
-                        plan.run_dir, config, project=args.wandb_project_name, entity=args.wandb_entity
+                        plan.run_dir, config, project=options.wandb_project_name, entity=options.wandb_entity
                     )
                 except Exception as error:  # W&B's own errors (network, login) are of many types
                     raise RunError(f"--track: Weights & Biases refused the run: {str(error).splitlines()[0]}") from None
@@ -184,7 +209,7 @@ class Supervisor:
                     agent_dir,
                     agent,
                     hardware,
-                    tensorboard=not args.no_tensorboard,
+                    tensorboard=options.tensorboard,
                     resume_step=resume_step,
                     wandb_run=wandb_run,
                 )
@@ -198,7 +223,7 @@ class Supervisor:
             initial=self.plan.start_iteration * config.batch_size,
             unit="step",
             unit_scale=True,
-            disable=self.args.no_progress or not self.writes,
+            disable=not self.options.progress or not self.writes,
             dynamic_ncols=True,
             mininterval=1.0,
         )
@@ -254,7 +279,7 @@ class Supervisor:
         sps = record["sps"] * config.num_agents
         bar.update(config.batch_size)
         bar.set_postfix(sps=f"{sps:.0f}", ret=f"{_mean_return(records):.1f}")
-        if self.args.no_progress and self.writes:
+        if not self.options.progress and self.writes:
             left = (config.num_iterations - record["iteration"]) * config.batch_size / record["sps"]
             print(
                 f"step {record['global_step']} sps {sps:.0f} episodic_return {_mean_return(records):.2f} "
@@ -304,7 +329,7 @@ class Supervisor:
                 checkpoint,
                 self.config,
                 self.trainer.spec,
-                keep=self.args.keep_checkpoints,
+                keep=self.options.keep_checkpoints,
                 extra={"reason": reason, "time_elapsed": elapsed},
             )
         except OSError as error:

@@ -12,24 +12,24 @@ from pathlib import Path
 import jax
 from jax.sharding import Mesh
 
-from ..core.envs import backend
-from ..core.networks import ConvRoute
 from ..core.sharded import make_mesh
 from ..core.state import Checkpoint
 from ..errors import RunDirError, RunError, UsageError
 from ..host.checkpoint import load_checkpoint
 from ..host.mesh import any_process, check_mesh_config
 from ..host.ownership import (
-    Manifest,
     RunLock,
     adopt_legacy_run,
+    check_run_dirs,
     clear_run,
     has_run,
+    make_agent_dirs,
     never_trained,
     read_manifest,
     refuse_if_held,
+    take_new_run_dir,
 )
-from ..host.rundir import HARDWARE, SEEDS_CONFIG, claim_new_dir, free_name, make_dirs, write_json
+from ..host.rundir import HARDWARE, free_name
 from .checks import check_addresses, check_memory, check_wandb_names, conv_route, require
 from .environment import (
     XlaFlagsProbe,
@@ -39,8 +39,8 @@ from .environment import (
     results_environment,
 )
 from .interrupts import EARLY
-from .plan import Plan, check_run_dirs, plan_new, plan_resume
-from .supervisor import Supervisor
+from .plan import Plan, plan_new, plan_resume
+from .supervisor import RunOptions, Supervisor
 
 
 def start_processes(args: argparse.Namespace, probe: XlaFlagsProbe) -> Mesh | None:
@@ -76,12 +76,39 @@ def start_processes(args: argparse.Namespace, probe: XlaFlagsProbe) -> Mesh | No
 
 
 def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -> int:
-    """Check everything, then take the run directory, then train."""
+    """Check everything (``_checked_plan``), then take the run directory, then train (``Supervisor``)."""
     probe = probe or XlaFlagsProbe()
     # XLA_FLAGS first: a backend that planning makes (gymnax's spec computes) would end the process on a bad flag.
     probe.check()
     check_jax_settings()
-    environment = results_environment(probe.flags)
+    plan = _checked_plan(args, results_environment(probe.flags))
+    if _finished(plan):  # nothing to take: the lock file is left as it is too
+        return 0
+    one_process = not (args.distributed or args.coordinator_address)
+    lock = None
+    if plan.resume is not None and one_process:  # the run is read again under its lock: it may have gone on
+        lock = RunLock.take(plan.run_dir, "ppo-eqx train --resume")
+    try:
+        if lock is not None:
+            plan = plan_resume(args)._replace(environment=plan.environment)
+        if _finished(plan):
+            return 0
+        mesh = start_processes(args, probe)
+        plan = _on_these_devices(plan, mesh)
+        restore = (
+            None if plan.resume is None else load_checkpoint(plan.resume, plan.config, plan.spec, conv_impl=plan.route)
+        )  # type: ignore[arg-type]
+        writes = jax.process_index() == 0  # process 0 writes the run directory and prints; all of them train
+        plan, lock = _take(plan, args, lock, writes)
+        return Supervisor(RunOptions.of(args), plan, mesh, writes, restore).run()
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _checked_plan(args: argparse.Namespace, environment: dict[str, str | None]) -> Plan:
+    """The plan of ``args``, checked as far as one process can before any is joined: the flags, the config, the
+    checkpoint to resume and the environment it was trained under, the run directory."""
     if args.track:
         require("wandb", "--track needs Weights & Biases: pip install wandb")
         check_wandb_names(args)
@@ -89,52 +116,53 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
     plan = (plan_resume(args) if args.resume is not None else plan_new(args))._replace(environment=environment)
     if plan.resume is not None:
         check_same_environment(plan.run_dir, _recorded_environment(plan), environment)
-    one_process = not (args.distributed or args.coordinator_address)
-    if plan.resume is None and one_process:  # several: process 0 checks once all have joined (below)
+    elif not (args.distributed or args.coordinator_address):  # several: process 0 checks once all have joined
         if args.run_dir is not None:
             refuse_if_held(plan.run_dir)  # a run that started meanwhile is named, not just found
-        # A default name is claimed fresh (_take_run_dir): a run that took it meanwhile is no reason to refuse.
-        check_run_dirs(
-            plan if args.run_dir is not None else plan._replace(run_dir=free_name(plan.run_dir)), args.overwrite
-        )
-    if _finished(plan):  # nothing to take: the lock file is left as it is too
-        return 0
-    lock = None
-    if plan.resume is not None and one_process:  # the run is read again under its lock: it may have gone on
-        lock = RunLock.take(plan.run_dir, "ppo-eqx train --resume")
-    try:
-        if lock is not None:
-            plan = plan_resume(args)._replace(environment=environment)
-        if _finished(plan):
-            return 0
-        mesh = start_processes(args, probe)
-        spec = backend(plan.config.env_backend).spec(plan.config.env_id)
-        check_memory(plan.config, spec, devices=1 if mesh is None else mesh.size)
-        route = conv_route(plan.config)
-        if mesh is not None:
-            check_mesh_config(plan.config, mesh)
-        restore = None if plan.resume is None else _load(plan, route)
+        # A default name is claimed fresh (_take): a run that took it meanwhile is no reason to refuse.
+        run_dir = plan.run_dir if args.run_dir is not None else free_name(plan.run_dir)
+        check_run_dirs(run_dir, _agent_dirs(plan._replace(run_dir=run_dir)), args.overwrite)
+    return plan
 
-        writes = jax.process_index() == 0  # process 0 writes the run directory and prints; all of them train
-        refused: Exception | None = None
-        if writes:
-            try:
-                if plan.resume is None:
-                    EARLY.defer()  # from here on a Ctrl-C is the Supervisor's to act on: the directory changes
-                    plan, lock = _take_run_dir(plan, args)
-                elif lock is None:
-                    lock = RunLock.take(plan.run_dir, "ppo-eqx train --resume")
-                if plan.resume is not None:
-                    adopt_legacy_run(plan.run_dir)
-            except RunDirError as error:
-                refused = error
-        # The other processes must not start training (and wait on process 0) when it refused the directory.
-        if any_process(refused is not None):
-            raise refused or RunError(f"process 0 refused --run-dir {plan.run_dir}; its output says why")
-        return Supervisor(args, plan, mesh, writes, restore, route).run()
-    finally:
-        if lock is not None:
-            lock.release()
+
+def _on_these_devices(plan: Plan, mesh: Mesh | None) -> Plan:
+    """What the joined devices decide, checked: the memory the run needs, the mesh's limits, and the route of the
+    convolutions (in the plan from here on)."""
+    check_memory(plan.config, plan.spec, devices=1 if mesh is None else mesh.size)
+    if mesh is not None:
+        check_mesh_config(plan.config, mesh)
+    return plan._replace(route=conv_route(plan.config, plan.spec))
+
+
+def _take(plan: Plan, args: argparse.Namespace, lock: RunLock | None, writes: bool) -> tuple[Plan, RunLock | None]:
+    """Process 0 takes the run directory (a new run's made, locked, checked again under the lock and cleared by
+    ``--overwrite``; a resumed one's locked and, if an earlier ppo-eqx wrote it, given its manifest); every process
+    learns whether it was refused, so that none trains (and waits on process 0) when it was."""
+    refused: Exception | None = None
+    if writes:
+        try:
+            if plan.resume is None:
+                EARLY.defer()  # from here on a Ctrl-C is the Supervisor's to act on: the directory changes
+                plan, lock = _take_new(plan, args)
+            else:
+                lock = lock or RunLock.take(plan.run_dir, "ppo-eqx train --resume")
+                adopt_legacy_run(plan.run_dir)
+        except RunDirError as error:
+            refused = error
+    if any_process(refused is not None):
+        raise refused or RunError(f"process 0 refused --run-dir {plan.run_dir}; its output says why")
+    return plan, lock
+
+
+def _agent_dirs(plan: Plan) -> list[Path]:
+    """The agents' own directories of a run of several (none for one agent: its directory is the run's)."""
+    return plan.agent_dirs if plan.config.num_agents > 1 else []
+
+
+def _loaded(plan: Plan) -> Checkpoint:
+    """The checkpoint to resume, its arrays loaded for the plan's env and convolutions' route."""
+    assert plan.resume is not None and plan.route is not None
+    return load_checkpoint(plan.resume, plan.config, plan.spec, conv_impl=plan.route)
 
 
 def _recorded_environment(plan: Plan) -> dict | None:
@@ -153,26 +181,19 @@ def _finished(plan: Plan) -> bool:
     return True
 
 
-def _load(plan: Plan, route: ConvRoute) -> Checkpoint:
-    assert plan.resume is not None
-    spec = backend(plan.config.env_backend).spec(plan.config.env_id)
-    return load_checkpoint(plan.resume, plan.config, spec, conv_impl=route)
-
-
-def _take_run_dir(plan: Plan, args: argparse.Namespace) -> tuple[Plan, RunLock]:
-    """Create the new run's directory (a default name: a fresh one, ``claim_new_dir``), lock it, check it again
-    under the lock, clear the old run with ``--overwrite`` and make the agents' directories: the plan with the
-    directory taken, and its lock."""
-    run_dir = claim_new_dir(plan.run_dir) if args.run_dir is None else plan.run_dir
-    make_dirs("--run-dir", run_dir)
-    lock = RunLock.take(run_dir, "ppo-eqx train --overwrite" if args.overwrite else "ppo-eqx train")
+def _take_new(plan: Plan, args: argparse.Namespace) -> tuple[Plan, RunLock]:
+    """The new run's directory made and locked (``take_new_run_dir``), checked again under the lock, the old run
+    cleared by ``--overwrite`` (or by a plain retry of one that never trained), the agents' directories made: the
+    plan with the directory taken, and its lock."""
+    command = "ppo-eqx train --overwrite" if args.overwrite else "ppo-eqx train"
+    run_dir, lock = take_new_run_dir(plan.run_dir, claim=args.run_dir is None, command=command)
     try:
         plan = plan._replace(run_dir=run_dir)
-        check_run_dirs(plan, args.overwrite)
+        check_run_dirs(run_dir, _agent_dirs(plan), args.overwrite)
         if has_run(run_dir) and (args.overwrite or never_trained(run_dir)):
             _overwrite(run_dir, "--overwrite" if args.overwrite else None)
         if plan.config.num_agents > 1:
-            _make_agent_dirs(plan)
+            make_agent_dirs(run_dir, plan.config.agent_names(), plan.config.to_dict())
     except BaseException:
         lock.release()
         raise
@@ -198,16 +219,3 @@ def _overwrite(run_dir: Path, flag: str | None) -> None:
         print(f"ppo-eqx: {who} deleted what the old run wrote: {', '.join(cleared.deleted)}", flush=True)
     if cleared.kept:
         print(f"ppo-eqx: {who} kept what the old run did not write: {', '.join(cleared.kept)}", flush=True)
-
-
-def _make_agent_dirs(plan: Plan) -> None:
-    """The agents' directories of a run of several (``seedK``, ``SETTING/seedK``) and its ``seeds.json``, each
-    listed in the run's manifest before it is made."""
-    manifest = Manifest(plan.run_dir)
-    manifest.add("file", SEEDS_CONFIG)
-    for name, agent_dir in zip(plan.config.agent_names(), plan.agent_dirs, strict=True):
-        for parent in reversed(Path(name).parents[:-1]):
-            manifest.add("dir", parent)
-        manifest.add("run", name)
-        make_dirs("--run-dir", agent_dir)
-    write_json(plan.run_dir / SEEDS_CONFIG, plan.config.to_dict())

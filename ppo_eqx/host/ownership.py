@@ -27,7 +27,7 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Literal, NamedTuple
 
@@ -45,10 +45,17 @@ from .rundir import (
     SEEDS_CONFIG,
     TENSORBOARD_GLOB,
     WANDB_DIR,
+    check_new_run_dir,
+    claim_new_dir,
+    make_dirs,
     temporary_of,
     write_atomic,
+    write_json,
     written_checkpoint_name,
     written_name,
+)
+from .rundir import (
+    holds_run as looks_like_a_run,
 )
 
 __all__ = ["LOCK", "MANIFEST"]  # re-exported: their names live in rundir with every other name a run writes
@@ -578,3 +585,58 @@ def _leftovers(run_dir: Path, prefix: str, dirs: set[str], runs: set[str]) -> li
         else:
             left.append(f"{relative}/" if path.is_dir() and not path.is_symlink() else relative)
     return left
+
+
+# --- taking a directory for a new run ----------------------------------------------------------------------------
+
+
+def check_run_dirs(run_dir: Path, agent_dirs: Sequence[Path], overwrite: bool) -> None:
+    """Every directory a new run writes (``run_dir``, and ``agent_dirs`` for a run of several agents) may be
+    written (nothing is written or created here): not an agent's
+    directory of another run; nothing in it named as a run's files that a run of ppo-eqx there did not write
+    (``look_alikes``); a run there only with ``overwrite`` (or one that never trained: a plain retry); and with
+    ``overwrite`` no agent's directory holding a run that the old run did not write (``--overwrite`` deletes only
+    the old run's)."""
+    check_new_run_dir(run_dir, overwrite)
+    for parent in run_dir.absolute().parents:
+        if looks_like_a_run(parent) and any(run_dir.absolute().is_relative_to(a) for a in owned_agents(parent)):
+            raise RunDirError(f"--run-dir {run_dir} is an agent's directory of the run in {parent}; allowed: a path "
+                              "of its own")  # fmt: skip
+    refuse_look_alikes(run_dir, run_dir)
+    if has_run(run_dir) and not overwrite and not never_trained(run_dir):
+        raise RunDirError(
+            f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it "
+            f"or --resume {run_dir} to continue it"
+        )
+    owned = owned_agents(run_dir) if overwrite else set()
+    for agent_dir in agent_dirs:
+        if overwrite and agent_dir not in owned and looks_like_a_run(agent_dir):
+            raise RunDirError(
+                f"{agent_dir} holds a run that the run in {run_dir} did not write, and --overwrite keeps it; move "
+                "it, or pick another --run-dir"
+            )
+        check_new_run_dir(agent_dir, overwrite)
+        refuse_look_alikes(run_dir, agent_dir)
+
+
+def take_new_run_dir(run_dir: Path, *, claim: bool, command: str) -> tuple[Path, RunLock]:
+    """Create the new run's directory (``claim``: a default name, made fresh as ``run_dir`` or ``run_dir__2``, ...:
+    ``rundir.claim_new_dir``) and lock it: the directory taken, and its lock. The caller checks it again under the
+    lock before anything is written."""
+    if claim:
+        run_dir = claim_new_dir(run_dir)
+    make_dirs("--run-dir", run_dir)
+    return run_dir, RunLock.take(run_dir, command)
+
+
+def make_agent_dirs(run_dir: Path, names: Sequence[str], config: dict) -> None:
+    """The agents' directories of a run of several (``seedK``, ``SETTING/seedK``) and its ``seeds.json``
+    (``config``), each listed in the run's manifest before it is made."""
+    manifest = Manifest(run_dir)
+    manifest.add("file", SEEDS_CONFIG)
+    for name in names:
+        for parent in reversed(Path(name).parents[:-1]):
+            manifest.add("dir", parent)
+        manifest.add("run", name)
+        make_dirs("--run-dir", run_dir / name)
+    write_json(run_dir / SEEDS_CONFIG, config)

@@ -80,8 +80,9 @@ class Trainer:
     ``trainer.conv_impl`` is what the model computes. ``placement`` says
     where the iteration runs (default: what ``config.rollout_on`` asks for, ``placement_for``: ``OneDevice()``, or
     ``split.SplitPlacement`` with the rollout on the host's CPU; ``mesh.MeshPlacement`` for devices and hosts);
-    ``env_backend`` makes the envs (default: ``config.env_backend``'s). Use it as a context manager, or call
-    ``close()`` when done.
+    ``env_backend`` makes the envs (default: ``config.env_backend``'s) and ``spec`` is theirs (default: the backend's
+    spec of ``config.env_id``: a caller that resolved both once passes them in). Use it as a context manager, or
+    call ``close()`` when done.
     """
 
     def __init__(
@@ -92,10 +93,11 @@ class Trainer:
         placement: Placement | None = None,
         env_backend: EnvBackend | None = None,
         conv_impl: ConvRoute | None = None,
+        spec: EnvSpec | None = None,
     ):
         self.config = config.validate()
         self.backend = env_backend or backend(config.env_backend)
-        self.spec: EnvSpec = self.backend.spec(config.env_id)
+        self.spec: EnvSpec = spec or self.backend.spec(config.env_id)
         self.placement = placement or placement_for(config, self.spec, state_is_data=self.backend.state_is_data)
         if restore is None:
             conv_impl = conv_impl or resolve_conv_impl_for(config.conv_impl, self.spec)  # type: ignore[arg-type]
