@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args, no_type_check
 from .errors import ConfigError
 from .presets import preset_for
 from .settings import FLOAT32_MAX, FieldRange, Hyperparameters, Sizes, config_field
+from .sweeps import check_sweep, normal_sweep, setting_label
 
 if TYPE_CHECKING:  # the array face imports jax: config.py stays jax-free for the command line's parser
     from .core.hyperparameters import AgentHyperparameters
@@ -150,7 +151,7 @@ class PPOConfig(Hyperparameters):
 
     def __post_init__(self) -> None:
         # ``sweep`` is kept as ((name, (value, ...)), ...); a mapping of name to values is taken too.
-        object.__setattr__(self, "sweep", _normal_sweep(self.sweep))
+        object.__setattr__(self, "sweep", normal_sweep(self.sweep))
 
     @property
     def batch_size(self) -> int:
@@ -270,7 +271,7 @@ class PPOConfig(Hyperparameters):
         for field in dataclasses.fields(self):
             if field.name != "sweep":
                 _check_field(field.name, field.type, getattr(self, field.name))
-        _check_sweep(self.sweep)
+        check_sweep(self.sweep)
         if self.num_agents > MAX_AGENTS:  # before anything is computed per agent
             settings = f"{math.prod(len(values) for _, values in self.sweep)} settings x " if self.sweep else ""
             raise ConfigError(
@@ -404,35 +405,6 @@ def _check_field(name: str, kind: object, value: Any) -> None:
         raise ConfigError(f"{name}={_show(value)} {problem}; allowed: {_allowed(kind, name)}")
 
 
-SWEEPABLE: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Hyperparameters))
-"""The fields that ``sweep`` may vary: the per-agent hyperparameters that change no array shape."""
-
-_SHAPES = "changes the iteration's array shapes"
-NOT_SWEEPABLE: dict[str, str] = {
-    "env_id": "makes another pool and model",
-    "total_timesteps": "sets the number of iterations, shared by the agents of one program",
-    "num_envs": _SHAPES,
-    "num_steps": _SHAPES,
-    "num_minibatches": _SHAPES,
-    "update_epochs": "changes the number of minibatch steps, the program's shape",
-    "seed": "is swept by --num-seeds",
-    "conv_impl": "changes the program, not the results",
-    "minibatch_unroll": "changes the program, not the results",
-    "checkpoint_every": "sets when the pool's envs are made afresh, shared by the agents",
-    "num_seeds": "is the number of seeds of every setting",
-    "async_batch_size": "changes the pool and the batch's shape",
-    "env_backend": "makes another pool",
-    "bootstrap_truncated": "changes the program (one more critic evaluation a step)",
-    "network_init": "is drawn before the program, the same way for every agent of a run",
-    "rollout_on": "changes where the program runs, not the results",
-    "num_threads": "changes how the envs are stepped, not the results",
-    "thread_affinity_offset": "changes where the envs are stepped, not the results",
-    "iterations_per_dispatch": "changes the program, not the results",
-    "sweep": "is the sweep itself",
-}
-"""Why each other field cannot be swept in one program: it is swept by separate runs instead."""
-
-
 def agents_of(sweep: Sequence[tuple[str, Sequence[Any]]], num_seeds: int) -> int:
     """The agents of a run of ``num_seeds`` seeds of each setting of ``sweep`` (name, values): one per pair."""
     return math.prod(len(values) for _, values in sweep) * num_seeds
@@ -441,60 +413,3 @@ def agents_of(sweep: Sequence[tuple[str, Sequence[Any]]], num_seeds: int) -> int
 def flag(name: str) -> str:
     """The command-line flag of a PPOConfig field: ``num_envs`` -> ``--num-envs``."""
     return "--" + name.replace("_", "-")
-
-
-def setting_label(setting: Mapping[str, Any]) -> str:
-    """A setting as its flags, ``learning-rate=0.001,norm-adv=false`` (also its run directory's name)."""
-    return ",".join(f"{name.replace('_', '-')}={_value_text(value)}" for name, value in setting.items())
-
-
-def _value_text(value: Any) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else repr(value)
-
-
-def _normal_sweep(sweep: Any) -> Any:
-    """``sweep`` as a tuple of ``(name, tuple_of_values)`` pairs when it is a mapping of names to lists of values
-    (as JSON gives it) or a sequence of such pairs; anything else unchanged, for ``validate`` to refuse."""
-    pairs = list(sweep.items()) if isinstance(sweep, Mapping) else sweep
-    if isinstance(pairs, list | tuple) and all(
-        isinstance(pair, list | tuple) and len(pair) == 2 and isinstance(pair[1], list | tuple) for pair in pairs
-    ):
-        return tuple((name, tuple(values)) for name, values in pairs)
-    return sweep
-
-
-def _check_sweep(sweep: Any) -> None:
-    """Raise ConfigError unless ``sweep`` is pairs of distinct sweepable names and distinct allowed values."""
-    fields = FIELD_TYPES
-    if not isinstance(sweep, tuple) or any(not isinstance(pair, tuple) or len(pair) != 2 for pair in sweep):
-        raise ConfigError(
-            f"sweep={_show(sweep)} is not a sweep; allowed: a mapping of hyperparameter name to a list of values"
-        )
-    seen: set[str] = set()
-    for name, values in sweep:
-        if not isinstance(name, str) or name not in fields:
-            raise ConfigError(f"sweep of {_show(name)}: not a hyperparameter; allowed: {', '.join(SWEEPABLE)}")
-        if name not in SWEEPABLE:
-            raise ConfigError(
-                f"sweep of {name}: one program cannot sweep it ({name} {NOT_SWEEPABLE[name]}); sweep it with a "
-                f"separate run per value; allowed: {', '.join(SWEEPABLE)}"
-            )
-        if name in seen:
-            raise ConfigError(f"sweep of {name}: given twice; allowed: each name once")
-        seen.add(name)
-        if not values:
-            raise ConfigError(f"sweep of {name}: no values; allowed: one or more values")
-        for value in values:
-            try:
-                _check_field(name, fields[name], value)
-            except ConfigError as error:
-                raise ConfigError(f"sweep of {name}: {error}") from None
-        repeated = [value for i, value in enumerate(values) if value in values[:i]]
-        if repeated:
-            raise ConfigError(f"sweep of {name}: {_show(repeated[0])} given twice; allowed: distinct values")
-    if sweep and math.prod(len(values) for _, values in sweep) == 1:
-        setting = ", ".join(f"{name}={_show(values[0])}" for name, values in sweep)
-        raise ConfigError(
-            f"sweep of one setting ({setting}) is no sweep; allowed: two or more values of a name (one value is "
-            "set as the field itself)"
-        )

@@ -15,7 +15,7 @@ from hypothesis import given
 
 from ppo_eqx import AgentHyperparameters, ConfigError, PPOConfig
 from ppo_eqx.cli import main
-from ppo_eqx.config import FIELD_TYPES, SWEEPABLE
+from ppo_eqx.config import FIELD_TYPES
 from ppo_eqx.core.envs import env_spec
 from ppo_eqx.core.loss import ppo_loss
 from ppo_eqx.core.update import learning_rate_schedule
@@ -23,6 +23,7 @@ from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_chec
 from ppo_eqx.host.evaluate import EVAL_STREAM, evaluate
 from ppo_eqx.host.loop import run, run_agents
 from ppo_eqx.host.trainer import Trainer, pool_env_seeds
+from ppo_eqx.sweeps import SWEEPABLE
 from ppo_eqx_bench.runs import find_run_dirs
 
 from .comparisons import ATOL, RTOL, VOLATILE, final_checkpoint_bytes, metrics, param_atol, resume_a_copy
