@@ -120,6 +120,21 @@ def test_run_directory_contents(capsys, tmp_path):
     assert list(run_dir.glob("events.out.tfevents.*"))
 
 
+def tiny_breakout(run_dir, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Two Breakout iterations of 16 steps through the command line, in a process of its own; it must exit 0."""
+    tiny = ["--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1", "--update-epochs", "1"]
+    result = subprocess.run(
+        [sys.executable, "-m", "ppo_eqx", "train", "--env-id", "Breakout-v5", "--total-timesteps", "16", *tiny]
+        + ["--run-dir", str(run_dir), "--no-progress", "--no-tensorboard"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 @pytest.mark.skipif(
     kernel_build.find_compiler() is None or not kernel_build.cpu_supports("avx2"), reason="needs a compiler and AVX2"
 )
@@ -132,16 +147,7 @@ def test_auto_takes_the_avx2_kernel_says_so_and_records_it(tmp_path):
     )
     assert built.returncode == 0 and "built the CPU kernel for avx2" in built.stdout, built.stdout + built.stderr
     run_dir = tmp_path / "run"
-    tiny = ["--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1", "--update-epochs", "1"]
-    result = subprocess.run(
-        [sys.executable, "-m", "ppo_eqx", "train", "--env-id", "Breakout-v5", "--total-timesteps", "16", *tiny]
-        + ["--run-dir", str(run_dir), "--no-progress", "--no-tensorboard"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=avx2,
-    )
-    assert result.returncode == 0, result.stderr
+    result = tiny_breakout(run_dir, avx2)
     assert "convolutions: kernel (avx2)" in result.stdout.splitlines()[0]
     hardware = json.loads((run_dir / "hardware.json").read_text())
     assert (hardware["conv_impl"], hardware["kernel_isa"]) == ("kernel", "avx2")
@@ -177,17 +183,7 @@ def test_auto_where_the_kernel_is_not_built_takes_matmuls_and_says_how_to_build_
     """A first Atari run on a CPU starts no compiler: the matmuls, and a line naming `ppo-eqx build-kernel`."""
     if kernel_build.find_compiler() is None or not kernel_build.cpu_supports("native"):
         pytest.skip("where the kernel cannot be built, nothing is said of it")
-    run_dir = tmp_path / "run"
-    tiny = ["--num-envs", "2", "--num-steps", "8", "--num-minibatches", "1", "--update-epochs", "1"]
-    result = subprocess.run(
-        [sys.executable, "-m", "ppo_eqx", "train", "--env-id", "Breakout-v5", "--total-timesteps", "16", *tiny]
-        + ["--run-dir", str(run_dir), "--no-progress", "--no-tensorboard"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PPO_EQX_CACHE": str(tmp_path / "empty-cache")},
-    )
-    assert result.returncode == 0, result.stderr
+    result = tiny_breakout(tmp_path / "run", {**os.environ, "PPO_EQX_CACHE": str(tmp_path / "empty-cache")})
     lines = result.stdout.splitlines()
     assert "convolutions: matmul" in lines[0]
     assert any("ppo-eqx build-kernel builds it" in line for line in lines), lines
