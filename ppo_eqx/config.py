@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, get_args, no_type_check
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args, no_type_check
 
 from .errors import ConfigError
 from .presets import preset_for
@@ -179,7 +179,7 @@ class PPOConfig(Hyperparameters):
     @property
     def num_agents(self) -> int:
         """Agents trained at once: one per setting and seed (``agents_of``)."""
-        return agents_of(self.sweep, self.num_seeds)
+        return agents_of(cast(SweepPairs, self.sweep), self.num_seeds)  # __post_init__ made it the pairs
 
     def agent_configs(self) -> list["PPOConfig"]:
         """The single-agent config of each of the ``num_agents`` agents, setting by setting, and within each the
@@ -405,7 +405,10 @@ def _check_field(name: str, kind: object, value: Any) -> None:
         raise ConfigError(f"{name}={_show(value)} {problem}; allowed: {_allowed(kind, name)}")
 
 
-def agents_of(sweep: Sequence[tuple[str, Sequence[Any]]], num_seeds: int) -> int:
+SweepPairs = Sequence[tuple[str, Sequence[Any]]]
+
+
+def agents_of(sweep: SweepPairs, num_seeds: int) -> int:
     """The agents of a run of ``num_seeds`` seeds of each setting of ``sweep`` (name, values): one per pair."""
     return math.prod(len(values) for _, values in sweep) * num_seeds
 

@@ -59,7 +59,7 @@ def ale_vector_sps(env_id: str, num_envs: int, *, num_threads: int = 0, steps: i
     env = AtariVectorEnv(game, num_envs, num_threads=num_threads, episodic_life=True, reward_clipping=True)
     try:
         env.reset(seed=np.arange(1, num_envs + 1))
-        return _timed_steps(env.step, num_envs, int(env.single_action_space.n), steps, warmup)
+        return _timed_steps(env.step, num_envs, int(env.single_action_space.n), steps, warmup)  # pyright: ignore[reportAttributeAccessIssue]
     finally:
         env.close()
 

@@ -96,12 +96,19 @@ class Supervisor:
         self.config = plan.config
         self.conv_impl: ConvRoute = plan.route
         self.writers: list[RunWriter] = []
-        self.trainer: Trainer | None = None
+        self._trainer: Trainer | None = None
         self.stop = _StopRequest()
         self.last_checkpoint: Path | None = None if plan.resume is None else plan.resume.path
         self.thread_errors: list[BaseException] = []
         self.time_offset = 0.0 if plan.resume is None else float(plan.resume.metadata.get("time_elapsed", 0.0))
         self.records: list[dict[str, Any]] = []
+
+    @property
+    def trainer(self) -> Trainer:
+        """The run's trainer, once ``_open`` has made it."""
+        if self._trainer is None:
+            raise RuntimeError("the run's trainer is made when the run opens")
+        return self._trainer
 
     def say(self, line: str) -> None:
         if self.writes:
@@ -179,7 +186,7 @@ class Supervisor:
         if self.mesh is not None:
             hardware["mesh"] = {"devices": self.mesh.size, "processes": jax.process_count()}
         self.writers = self._make_writers(hardware) if self.writes else []
-        self.trainer = Trainer(
+        self._trainer = Trainer(
             config,
             restore=self.restore,
             placement=placement,
@@ -367,8 +374,8 @@ class Supervisor:
         return 0
 
     def _close(self) -> None:
-        if self.trainer is not None:
-            self.trainer.close()
+        if self._trainer is not None:
+            self._trainer.close()
         for writer in self.writers:
             with contextlib.suppress(OSError):
                 writer.close()

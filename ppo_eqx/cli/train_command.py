@@ -95,9 +95,7 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
             return 0
         mesh = start_processes(args, probe)
         plan = _on_these_devices(plan, mesh)
-        restore = (
-            None if plan.resume is None else load_checkpoint(plan.resume, plan.config, plan.spec, conv_impl=plan.route)
-        )  # type: ignore[arg-type]
+        restore = None if plan.resume is None else _loaded(plan)
         writes = jax.process_index() == 0  # process 0 writes the run directory and prints; all of them train
         plan, lock = _take(plan, args, lock, writes)
         return Supervisor(RunOptions.of(args), plan, mesh, writes, restore).run()

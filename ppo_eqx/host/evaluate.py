@@ -82,7 +82,7 @@ def evaluate(
         stats = update_episode_stats(carry.stats, out)
         return RolloutCarry(handle, out.obs, stats), out.game_over, stats
 
-    act = own_jit(act)  # freed with this call, and the pool with it: its results are read below, synchronously
+    step = own_jit(act)  # freed with this call, and the pool with it: its results are read below, synchronously
     carry = RolloutCarry(pool.handle, jnp.asarray(pool.first_obs), init_episode_stats(num_envs))
     finished: list[list[tuple[float, int]]] = [[] for _ in range(num_envs)]
     recording = on_frame is not None
@@ -90,7 +90,7 @@ def evaluate(
         on_frame(pool.render(0))
     while any(len(done) < quota for done, quota in zip(finished, quotas, strict=True)):
         key, step_key = jax.random.split(key)
-        carry, game_over, stats = act(model, carry, step_key)
+        carry, game_over, stats = step(model, carry, step_key)
         over = np.asarray(game_over)
         if recording and on_frame is not None:
             on_frame(pool.render(0))
