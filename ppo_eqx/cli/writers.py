@@ -35,7 +35,10 @@ class EventsFile:
     """A TensorBoard events file written as the run goes, each event handed to the OS at once (one ``write`` of
     a whole TFRecord: length, its masked CRC-32C, the serialised ``Event``, its masked CRC-32C), so that a kill at
     any moment leaves every event written before it (tensorboardX's writer keeps them in a thread's queue and a
-    buffer for up to two minutes). Errors (a full disk) are raised by the call that writes.
+    buffer for up to two minutes). Errors (a full disk) are raised by the call that writes. tensorboardX's own
+    writer would also name its file inside its constructor, from the clock, where the run must list the name in its
+    manifest before the file exists (a kill between the two would leave a file named like a run's that no run
+    lists, which ``--overwrite`` then refuses); so only its records' format and CRC are borrowed from it.
 
     ``purge_step``: TensorBoard hides the points of earlier files at this step and after (a resumed run's
     ``SessionLog.START``).
