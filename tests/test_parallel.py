@@ -128,6 +128,8 @@ def test_two_processes_give_the_one_process_update(tmp_path):
     ],
 )
 def test_a_config_that_cannot_split_over_the_mesh_is_refused(changes, message):
+    if changes.get("env_backend") == "gymnax":
+        pytest.importorskip("gymnax")  # without it the refusal names the missing backend (tests/test_backends.py)
     mesh = make_mesh(jax.devices()[:1] * 2)  # only its shape counts
     with pytest.raises(ConfigError, match=message):
         check_mesh_config(PPOConfig(**changes).validate(), mesh)
