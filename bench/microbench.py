@@ -59,25 +59,18 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> None:
-    args = parse_args()
-    config = config_from_args(args, total_timesteps=args.num_envs * args.num_steps * 100)
-    pool = make_pool(config.env_id, config.num_envs, seed=config.seed)
-    spec, handle, env_step = pool.spec, pool.handle, pool.step
-    hyperparameters, sizes = config.agent_hyperparameters(), config.sizes
-    optimizer = make_optimizer(hyperparameters, sizes)
-    collector = sync_collector(pool, num_steps=config.num_steps)
-    conv_impl = resolve_conv_impl(config.conv_impl, spec.obs_shape)  # what "auto" chose
-    state = init_state(config, spec, collector, conv_impl=conv_impl)
-    model = state.model
-    n, t, r = config.num_envs, config.num_steps, args.repeats
-    rows = []
+class Pieces:
+    """Times compiled pieces one by one: compile seconds, then the median over repeats after a warm-up call."""
 
-    def add(piece: str, jitted, call_args: tuple, env_steps: int, repeats: int = r) -> None:
+    def __init__(self, repeats: int) -> None:
+        self.repeats, self.rows = repeats, []
+
+    def add(self, piece: str, jitted, call_args: tuple, env_steps: int, repeats: int | None = None) -> float:
+        """Time one piece; its env steps per second."""
         compiled, seconds = compile_seconds(jitted, *call_args)
         jax.block_until_ready(compiled(*call_args))  # warm-up
-        median, _ = timed(lambda: compiled(*call_args), repeats)
-        rows.append(
+        median, _ = timed(lambda: compiled(*call_args), repeats or self.repeats)
+        self.rows.append(
             {
                 "piece": piece,
                 "compile_s": seconds,
@@ -87,13 +80,14 @@ def main() -> None:
             }
         )
         print(f"# {piece}: {median * 1e3:.2f} ms", flush=True)
+        return env_steps / median
 
-    # Ceilings: the machine's matmul rate, and the env alone (random actions, no model).
-    flop_rate = matmul_rate()
-    env_only, actions = env_only_program(env_step, spec.num_actions, t, n)
-    add("env step (x num_steps, no model)", env_only, (handle, actions), n * t)
-    env_sps = rows[-1]["env_steps_per_s"]
 
+def time_acting(pieces: Pieces, pool, model, config) -> float:
+    """The env alone (random actions, no model: the env-only ceiling, returned), one policy step, a rollout, GAE."""
+    n, t, spec = config.num_envs, config.num_steps, pool.spec
+    env_only, actions = env_only_program(pool.step, spec.num_actions, t, n)
+    env_sps = pieces.add("env step (x num_steps, no model)", env_only, (pool.handle, actions), n * t)
     obs = jnp.asarray(pool.first_obs)
 
     @eqx.filter_jit
@@ -102,29 +96,31 @@ def main() -> None:
         action = jax.random.categorical(key, logits).astype(jnp.int32)
         return action, categorical_logprob_entropy(logits, action)[0], value
 
-    add("policy step", policy_step, (model, obs, jax.random.PRNGKey(1)), n)
-
-    carry = RolloutCarry(handle, obs, init_episode_stats(n))
-    rollout_fn = eqx.filter_jit(lambda m, c, k: rollout(m, env_step, c, num_steps=t, key=k))
-    add("rollout", rollout_fn, (model, carry, jax.random.PRNGKey(2)), n * t)
-
+    pieces.add("policy step", policy_step, (model, obs, jax.random.PRNGKey(1)), n)
+    carry = RolloutCarry(pool.handle, obs, init_episode_stats(n))
+    rollout_fn = eqx.filter_jit(lambda m, c, k: rollout(m, pool.step, c, num_steps=t, key=k))
+    pieces.add("rollout", rollout_fn, (model, carry, jax.random.PRNGKey(2)), n * t)
     rng = np.random.default_rng(0)
     f32 = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
     gae = jax.jit(lambda rw, v, d, lv: compute_gae(rw, v, d, lv, gamma=config.gamma, gae_lambda=config.gae_lambda))
-    add("GAE", gae, (f32(t, n), f32(t, n), jnp.asarray(rng.random((t, n)) < 0.01), f32(n)), n * t)
+    pieces.add("GAE", gae, (f32(t, n), f32(t, n), jnp.asarray(rng.random((t, n)) < 0.01), f32(n)), n * t)
+    return env_sps
 
+
+def random_batch(config, spec) -> Batch:
+    """A batch of the run's shapes filled with random frames, actions and targets."""
+    rng = np.random.default_rng(0)
     size = config.batch_size
+    f32 = lambda: jnp.asarray(rng.normal(size=size), jnp.float32)  # noqa: E731
     frames = jnp.asarray(rng.integers(0, 256, size=(size, *spec.obs_shape)), jnp.dtype(spec.obs_dtype))
-    batch = Batch(
-        frames,
-        jnp.asarray(rng.integers(0, spec.num_actions, size), jnp.int32),
-        f32(size) * 0.1 - 1.4,
-        f32(size),
-        f32(size),
-        f32(size),
-    )
+    actions = jnp.asarray(rng.integers(0, spec.num_actions, size), jnp.int32)
+    return Batch(frames, actions, f32() * 0.1 - 1.4, f32(), f32(), f32())
+
+
+def time_learning(pieces: Pieces, state, batch: Batch, config, optimizer) -> None:
+    """One minibatch's gradient step and the whole update (epochs x minibatches) on a random batch."""
+    hyperparameters, sizes = config.agent_hyperparameters(), config.sizes
     minibatch = jax.tree.map(lambda x: x[: config.minibatch_size], batch)
-    opt_state = state.opt_state
 
     @eqx.filter_jit
     def minibatch_step(model, opt_state, minibatch):
@@ -133,20 +129,35 @@ def main() -> None:
         return eqx.apply_updates(model, updates), opt_state
 
     updates_per_iteration = config.update_epochs * config.num_minibatches
-    add("minibatch update", minibatch_step, (model, opt_state, minibatch), size // updates_per_iteration)
-
+    call = (state.model, state.opt_state, minibatch)
+    pieces.add("minibatch update", minibatch_step, call, config.batch_size // updates_per_iteration)
     full_update = eqx.filter_jit(lambda m, o, b, k: update(m, o, b, hyperparameters, sizes=sizes, key=k))
-    add("full update", full_update, (model, opt_state, batch, jax.random.PRNGKey(3)), size, repeats=max(2, r // 2))
+    call = (state.model, state.opt_state, batch, jax.random.PRNGKey(3))
+    pieces.add("full update", full_update, call, config.batch_size, repeats=max(2, pieces.repeats // 2))
 
-    iteration = eqx.filter_jit(make_iteration(collector, sizes))
-    add("whole iteration", iteration, (state,), size, repeats=max(2, r // 2))
+
+def main() -> None:
+    args = parse_args()
+    config = config_from_args(args, total_timesteps=args.num_envs * args.num_steps * 100)
+    pool = make_pool(config.env_id, config.num_envs, seed=config.seed)
+    spec = pool.spec
+    optimizer = make_optimizer(config.agent_hyperparameters(), config.sizes)
+    collector = sync_collector(pool, num_steps=config.num_steps)
+    conv_impl = resolve_conv_impl(config.conv_impl, spec.obs_shape)  # what "auto" chose
+    state = init_state(config, spec, collector, conv_impl=conv_impl)
+    pieces = Pieces(args.repeats)
+    # Ceilings: the machine's matmul rate, and the env alone (random actions, no model).
+    flop_rate = matmul_rate()
+    env_sps = time_acting(pieces, pool, state.model, config)
+    time_learning(pieces, state, random_batch(config, spec), config, optimizer)
+    iteration = eqx.filter_jit(make_iteration(collector, config.sizes))
+    iteration_sps = pieces.add("whole iteration", iteration, (state,), config.batch_size, max(2, args.repeats // 2))
 
     ceilings = model_flops(config, spec, optimizer)
     ceilings.update(matmul_gflops=flop_rate / 1e9, env_only_sps=env_sps)
     limit_sps = compute_limit_sps(ceilings)
-    for row in rows:
+    for row in pieces.rows:
         row["fraction_of_limit"] = fraction(row["env_steps_per_s"], limit_sps)
-    iteration_sps = rows[-1]["env_steps_per_s"]
     header = {
         "config": {k: v for k, v in dataclasses.asdict(config).items() if k != "total_timesteps"},
         "environment": environment(conv_impl),
@@ -159,7 +170,7 @@ def main() -> None:
         "device_peak_mib": device_memory_mib(),
     }
     del pool
-    write_results(rows, header, args.json)
+    write_results(pieces.rows, header, args.json)
 
 
 if __name__ == "__main__":

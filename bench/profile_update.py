@@ -118,23 +118,17 @@ def thunk_times_us(trace_dir: str) -> dict[str, float]:
     return totals
 
 
-def main() -> None:
-    args = parse_args()
-    from _common import run_as_isa
-
-    run_as_isa(args.isa)
-    if not args.all_cores and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before XLA sizes its thread pools
-
+def compiled_update(config):
+    """The whole update (epochs x minibatches) of the config's model on a random batch, compiled: the jitted
+    function, its arguments, its HLO's instruction table and the model's convolution route. Imports jax: call it
+    after the process's CPU affinity is set."""
     import equinox as eqx
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from _common import blas_matmul_rate, config_from_args, environment, matmul_rate, write_results
 
     from ppo_eqx import ActorCritic, Batch, env_spec, make_optimizer, resolve_conv_impl, update
 
-    config = config_from_args(args)
     spec = env_spec(config.env_id)
     conv_impl = resolve_conv_impl(config.conv_impl, spec.obs_shape)  # type: ignore[arg-type]
     model = ActorCritic(spec.obs_shape, spec.num_actions, conv_impl=conv_impl, key=jax.random.PRNGKey(0))
@@ -147,34 +141,34 @@ def main() -> None:
         obs = rng.integers(0, 256, size=(size, *spec.obs_shape))
     else:
         obs = rng.normal(size=(size, *spec.obs_shape))
-    batch = Batch(
-        jnp.asarray(obs, jnp.dtype(spec.obs_dtype)),
-        jnp.asarray(rng.integers(0, spec.num_actions, size), jnp.int32),
-        f32() * 0.1 - 1.4,
-        f32(),
-        f32(),
-        f32(),
-    )
-    steps = config.update_epochs * config.num_minibatches
+    actions = jnp.asarray(rng.integers(0, spec.num_actions, size), jnp.int32)
+    batch = Batch(jnp.asarray(obs, jnp.dtype(spec.obs_dtype)), actions, f32() * 0.1 - 1.4, f32(), f32(), f32())
     params, static = eqx.partition(model, eqx.is_array)
     # jax.jit (not eqx.filter_jit) so that the compiled program's HLO text is at hand.
     full_update = jax.jit(lambda p, o, b, k: update(eqx.combine(p, static), o, b, hyperparameters, sizes=sizes, key=k))
     call_args = (params, opt_state, batch, jax.random.PRNGKey(1))
     table = hlo_instructions(full_update.lower(*call_args).compile().as_text())
     jax.block_until_ready(full_update(*call_args))
-    # Under --isa XLA's matmuls ignore the cap (bench/train_speed.py): the rate of the ISA is OpenBLAS's.
-    flop_rate = blas_matmul_rate() if args.isa else matmul_rate()
+    return full_update, call_args, table, model.conv_impl
+
+
+def traced_ops_ms(full_update, call_args, calls: int, table: dict) -> dict[str, float]:
+    """Milliseconds per call of each of the program's ops, from a profiler trace of ``calls`` calls."""
+    import jax
 
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-            for _ in range(args.calls):
+            for _ in range(calls):
                 jax.block_until_ready(full_update(*call_args))
         totals = thunk_times_us(trace_dir)
+    return {name: us / calls / 1e3 for name, us in totals.items() if name in table}
 
-    ops = {name: us / args.calls / 1e3 for name, us in totals.items() if name in table}
+
+def op_rows(ops: dict[str, float], table: dict, steps: int, flop_rate: float, top: int) -> list[dict]:
+    """The ``top`` costliest ops: time per call, share of the update, GFLOP/s against the matmul rate."""
     update_ms = sum(ops.values())
     rows = []
-    for name, ms in sorted(ops.items(), key=lambda item: -item[1])[: args.top]:
+    for name, ms in sorted(ops.items(), key=lambda item: -item[1])[:top]:
         entry = table[name]
         flops = product_flops(name, table)
         # Ops inside the minibatch loop run once per step; the rest (the relayout of the batch) once.
@@ -192,9 +186,28 @@ def main() -> None:
                 "fraction_of_matmul_rate": gflops * 1e9 / flop_rate if gflops else None,
             }
         )
+    return rows
+
+
+def main() -> None:
+    args = parse_args()
+    from _common import run_as_isa
+
+    run_as_isa(args.isa)
+    if not args.all_cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # before XLA sizes its thread pools
+    from _common import blas_matmul_rate, config_from_args, environment, matmul_rate, write_results
+
+    config = config_from_args(args)
+    full_update, call_args, table, conv_impl = compiled_update(config)
+    # Under --isa XLA's matmuls ignore the cap (bench/train_speed.py): the rate of the ISA is OpenBLAS's.
+    flop_rate = blas_matmul_rate() if args.isa else matmul_rate()
+    ops = traced_ops_ms(full_update, call_args, args.calls, table)
+    steps = config.update_epochs * config.num_minibatches
+    update_ms = sum(ops.values())
     products = sum(ms for name, ms in ops.items() if product_flops(name, table))
     header = {
-        "environment": environment(model.conv_impl),
+        "environment": environment(conv_impl),
         "isa_cap": args.isa,
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "matmul_gflops": flop_rate / 1e9,
@@ -204,7 +217,7 @@ def main() -> None:
         "matrix_products_share": products / update_ms,
         "other_ops_share": 1 - products / update_ms,
     }
-    write_results(rows, header, args.json)
+    write_results(op_rows(ops, table, steps, flop_rate, args.top), header, args.json)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ by the CPU and ignore the cap, so the limit's matmul rate is then OpenBLAS's AVX
 """
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -45,7 +46,7 @@ from _common import (
     write_results,
 )
 
-from ppo_eqx import Trainer, make_async_pool, make_optimizer, make_pool, run
+from ppo_eqx import EnvSpec, PPOConfig, Trainer, make_async_pool, make_optimizer, make_pool, run
 
 
 def parse_args() -> argparse.Namespace:
@@ -68,24 +69,30 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> None:
-    args = parse_args()
-    run_as_isa(args.isa)
-    total_iterations = args.warmup + args.iterations
-    # CleanRL's hyperparameters; total_timesteps only sets the learning-rate annealing horizon.
-    config = config_from_args(args, async_batch_size=args.async_batch_size)
+@dataclasses.dataclass
+class LoopTimes:
+    """What the training loop took: its records past warm-up and the process's memory and CPU time around them."""
 
-    # The matmul rate before and after the loop: on a shared machine it varies by a factor of 2 from one second to
-    # the next, and the ceiling is the best the machine showed.
-    matmul_before, blas_before = matmul_rate(), blas_matmul_rate()
+    compile_s: float
+    setup_s: float
+    records: list[dict]
+    rss_after_compile: float
+    rss_by_iteration: list[float]
+    cpu_s_per_1k_steps: float
+    bare_sps: float
+    conv_impl: str
+
+
+def time_loop(config: PPOConfig, warmup: int, iterations: int) -> LoopTimes:
+    """The loop through ``ppo_eqx.run`` (warm-up, then timed iterations), and the bare jitted iteration beside it:
+    as many iterations dispatched back to back, read once at the end."""
     start = time.perf_counter()
     trainer = Trainer(config)
     setup_s = time.perf_counter() - start
     compile_s = trainer.compile()
     rss_after_compile = peak_rss_mib()
-
     records, rss_by_iteration, cpu_times = [], [], [time.process_time()]
-    for record in run(trainer, num_iterations=total_iterations):
+    for record in run(trainer, num_iterations=warmup + iterations):
         records.append(record)
         cpu_times.append(time.process_time())
         rss_by_iteration.append(peak_rss_mib())
@@ -93,72 +100,91 @@ def main() -> None:
             f"# iteration {record['iteration']}: {record['sps']:.0f} steps/s, peak RSS {peak_rss_mib():.0f} MiB",
             flush=True,
         )
-    # The bare jitted iteration beside it: as many iterations dispatched back to back, read once at the end.
     bare_start = time.perf_counter()
-    for _ in range(args.iterations):
+    for _ in range(iterations):
         trainer.dispatch()
     jax.block_until_ready(trainer.state)
-    bare_sps = config.batch_size * args.iterations / (time.perf_counter() - bare_start)
+    bare_sps = config.batch_size * iterations / (time.perf_counter() - bare_start)
     trainer.close()
-    timed_records = records[args.warmup :]
-    step_times = [config.batch_size / r["sps"] for r in timed_records]
-    loop_sps = config.batch_size * len(step_times) / sum(step_times)
-    cpu_s_per_1k_steps = (cpu_times[-1] - cpu_times[args.warmup]) / (config.batch_size * len(step_times)) * 1000
+    timed = records[warmup:]
+    cpu_s_per_1k_steps = (cpu_times[-1] - cpu_times[warmup]) / (config.batch_size * len(timed)) * 1000
+    return LoopTimes(
+        compile_s, setup_s, timed, rss_after_compile, rss_by_iteration, cpu_s_per_1k_steps, bare_sps, trainer.conv_impl
+    )
 
-    # Ceilings in the same process, after the loop, on envs made the same way.
+
+def env_ceiling(config: PPOConfig) -> tuple[float, EnvSpec]:
+    """The env-only rate of envs made as the loop makes them (sync pool, or async pool's receive/send loop)."""
     if config.async_batch_size:
         pool = make_async_pool(config.env_id, config.num_envs, config.async_batch_size, seed=config.seed)
-        spec = pool.spec
         env_sps = async_env_only_sps(
-            pool.env, pool.handle, spec.num_actions, config.num_steps, config.async_batch_size, 5
+            pool.env, pool.handle, pool.spec.num_actions, config.num_steps, config.async_batch_size, 5
         )
     else:
         pool = make_pool(config.env_id, config.num_envs, seed=config.seed)
-        spec = pool.spec
-        env_sps = env_only_sps(pool.step, pool.handle, spec.num_actions, config.num_steps, config.num_envs, repeats=5)
+        env_sps = env_only_sps(
+            pool.step, pool.handle, pool.spec.num_actions, config.num_steps, config.num_envs, repeats=5
+        )
     pool.close()
+    return env_sps, pool.spec
+
+
+def result_row(config: PPOConfig, loop: LoopTimes, env_sps: float, limit: float) -> dict:
+    """The one row of results: the loop's rate beside the bare iteration's and this machine's limit."""
+    step_times = [config.batch_size / r["sps"] for r in loop.records]
+    loop_sps = config.batch_size * len(step_times) / sum(step_times)
+    return {
+        "env_id": config.env_id,
+        "num_envs": config.num_envs,
+        "async_batch_size": config.async_batch_size,
+        "num_steps": config.num_steps,
+        "loop_sps": loop_sps,
+        "bare_iteration_sps": loop.bare_sps,
+        "loop_over_bare": loop_sps / loop.bare_sps,
+        "cpu_s_per_1k_steps": loop.cpu_s_per_1k_steps,
+        "median_sps": statistics.median(r["sps"] for r in loop.records),
+        "env_only_sps": env_sps,
+        "limit_sps": limit,
+        "fraction_of_limit": loop_sps / limit,
+        "compile_s": loop.compile_s,
+        "projected_10M_min": (1e7 / loop_sps + loop.compile_s) / 60,
+        "peak_rss_mib": peak_rss_mib(),
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    run_as_isa(args.isa)
+    # CleanRL's hyperparameters; total_timesteps only sets the learning-rate annealing horizon.
+    config = config_from_args(args, async_batch_size=args.async_batch_size)
+    # The matmul rate before and after the loop: on a shared machine it varies by a factor of 2 from one second to
+    # the next, and the ceiling is the best the machine showed.
+    matmul_before, blas_before = matmul_rate(), blas_matmul_rate()
+    loop = time_loop(config, args.warmup, args.iterations)
+    # Ceilings in the same process, after the loop, on envs made the same way.
+    env_sps, spec = env_ceiling(config)
     ceilings = model_flops(config, spec, make_optimizer(config.agent_hyperparameters(), config.sizes))
     matmul_after, blas_after = matmul_rate(), blas_matmul_rate()
     xla_gflops, blas_gflops = max(matmul_before, matmul_after) / 1e9, max(blas_before, blas_after) / 1e9
     ceilings.update(matmul_gflops=blas_gflops if args.isa else xla_gflops, env_only_sps=env_sps)
     limit = compute_limit_sps(ceilings)
-
-    rows = [
-        {
-            "env_id": config.env_id,
-            "num_envs": config.num_envs,
-            "async_batch_size": config.async_batch_size,
-            "num_steps": config.num_steps,
-            "loop_sps": loop_sps,
-            "bare_iteration_sps": bare_sps,
-            "loop_over_bare": loop_sps / bare_sps,
-            "cpu_s_per_1k_steps": cpu_s_per_1k_steps,
-            "median_sps": statistics.median(r["sps"] for r in timed_records),
-            "env_only_sps": env_sps,
-            "limit_sps": limit,
-            "fraction_of_limit": loop_sps / limit,
-            "compile_s": compile_s,
-            "projected_10M_min": (1e7 / loop_sps + compile_s) / 60,
-            "peak_rss_mib": peak_rss_mib(),
-        }
-    ]
     header = {
-        "environment": environment(trainer.conv_impl),  # the route "auto" chose, and the kernel's ISA
+        "environment": environment(loop.conv_impl),  # the route "auto" chose, and the kernel's ISA
         "isa_cap": args.isa,  # None: this CPU's own ISA
         "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE"),
         **ceilings,
         "matmul_gflops_before_after": [matmul_before / 1e9, matmul_after / 1e9],  # XLA's
         "blas_matmul_gflops_before_after": [blas_before / 1e9, blas_after / 1e9],  # NumPy's OpenBLAS
         "matmul_rate_of_the_limit": "openblas" if args.isa else "xla",
-        "setup_s": setup_s,
-        "rss_after_compile_mib": rss_after_compile,
-        "rss_by_iteration_mib": rss_by_iteration,
+        "setup_s": loop.setup_s,
+        "rss_after_compile_mib": loop.rss_after_compile,
+        "rss_by_iteration_mib": loop.rss_by_iteration,
         "device_peak_mib": device_memory_mib(),
-        "iterations_timed": len(timed_records),
+        "iterations_timed": len(loop.records),
         "backend": jax.default_backend(),
-        "final_loss": timed_records[-1]["loss"],
+        "final_loss": loop.records[-1]["loss"],
     }
-    write_results(rows, header, args.json)
+    write_results([result_row(config, loop, env_sps, limit)], header, args.json)
 
 
 if __name__ == "__main__":

@@ -48,8 +48,10 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
     for name, _ in values.get("sweep", ()):
         if getattr(args, name, None) is not None:
             raise UsageError(f"{flag(name)} and --sweep {flag(name)[2:]}=... both set {name}; drop one")
-    env_backend = backend(PPOConfig.env_backend if args.env_backend is None else args.env_backend)
-    config = PPOConfig.for_task(PPOConfig.env_id if args.env_id is None else args.env_id, env_backend.name, **values)
+    env_id = PPOConfig.env_id if args.env_id is None else args.env_id
+    env_backend_name = PPOConfig.env_backend if args.env_backend is None else args.env_backend
+    config = PPOConfig.for_task(env_id, env_backend_name, **values)
+    env_backend = backend(config.env_backend)
     if config.rollout_on == "host" and env_backend.state_is_data:
         raise ConfigError(
             f"rollout_on='host' steps host envs (EnvPool, ALE) on the host's CPU, and {env_backend.name}'s envs run "

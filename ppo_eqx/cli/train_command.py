@@ -18,16 +18,13 @@ from ..errors import RunDirError, RunError, UsageError
 from ..host.checkpoint import load_checkpoint
 from ..host.mesh import any_process, check_mesh_config
 from ..host.ownership import (
+    Cleared,
     RunLock,
     adopt_legacy_run,
     check_run_dirs,
-    clear_run,
-    has_run,
     make_agent_dirs,
-    never_trained,
-    read_manifest,
     refuse_if_held,
-    take_new_run_dir,
+    take_new_run,
 )
 from ..host.rundir import HARDWARE, free_name
 from .checks import check_addresses, check_memory, check_wandb_names, conv_route, require
@@ -180,29 +177,31 @@ def _finished(plan: Plan) -> bool:
 
 
 def _take_new(plan: Plan, args: argparse.Namespace) -> tuple[Plan, RunLock]:
-    """The new run's directory made and locked (``take_new_run_dir``), checked again under the lock, the old run
-    cleared by ``--overwrite`` (or by a plain retry of one that never trained), the agents' directories made: the
+    """The new run's directory taken (``take_new_run``: made, locked, checked again under the lock, the old run
+    cleared by ``--overwrite`` or by a plain retry of one that never trained) and the agents' directories made: the
     plan with the directory taken, and its lock."""
-    command = "ppo-eqx train --overwrite" if args.overwrite else "ppo-eqx train"
-    run_dir, lock = take_new_run_dir(plan.run_dir, claim=args.run_dir is None, command=command)
+    flag = "--overwrite" if args.overwrite else None
+    agent_dirs = [path.relative_to(plan.run_dir) for path in _agent_dirs(plan)]
+    run_dir, lock = take_new_run(
+        plan.run_dir,
+        agent_dirs,
+        overwrite=args.overwrite,
+        claim=args.run_dir is None,
+        command=f"ppo-eqx train {flag or ''}".strip(),
+        report=lambda run_dir, cleared, listed: _say_cleared(run_dir, cleared, listed, flag),
+    )
     try:
-        plan = plan._replace(run_dir=run_dir)
-        check_run_dirs(run_dir, _agent_dirs(plan), args.overwrite)
-        if has_run(run_dir) and (args.overwrite or never_trained(run_dir)):
-            _overwrite(run_dir, "--overwrite" if args.overwrite else None)
         if plan.config.num_agents > 1:
             make_agent_dirs(run_dir, plan.config.agent_names(), plan.config.to_dict())
     except BaseException:
         lock.release()
         raise
-    return plan, lock
+    return plan._replace(run_dir=run_dir), lock
 
 
-def _overwrite(run_dir: Path, flag: str | None) -> None:
-    """Delete what the old run in ``run_dir`` wrote and say, in a line each, what was deleted and what kept.
-    ``flag`` None: a plain retry of a run that stopped before anything of it could be kept."""
-    listed = read_manifest(run_dir) is not None
-    cleared = clear_run(run_dir)
+def _say_cleared(run_dir: Path, cleared: Cleared, listed: bool, flag: str | None) -> None:
+    """Say, in a line each, what clearing the old run in ``run_dir`` deleted and what it kept. ``flag`` None: a
+    plain retry of a run that stopped before anything of it could be kept."""
     if flag is None:
         print(f"ppo-eqx: {run_dir} held a run that stopped before its first iteration; starting it afresh", flush=True)
     if not listed:

@@ -27,7 +27,7 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Literal, NamedTuple
 
@@ -627,6 +627,32 @@ def take_new_run_dir(run_dir: Path, *, claim: bool, command: str) -> tuple[Path,
         run_dir = claim_new_dir(run_dir)
     make_dirs("--run-dir", run_dir)
     return run_dir, RunLock.take(run_dir, command)
+
+
+def take_new_run(
+    run_dir: Path,
+    agent_dirs: Sequence[Path],
+    *,
+    overwrite: bool,
+    claim: bool,
+    command: str,
+    report: Callable[[Path, Cleared, bool], None],
+) -> tuple[Path, RunLock]:
+    """Take a new run's directory whole: made and locked (``take_new_run_dir``), checked again under the lock
+    (``check_run_dirs``; ``agent_dirs`` relative to ``run_dir``), the old run there cleared with ``overwrite`` or
+    by a plain retry of one that never trained (``report(run_dir, cleared, listed)`` says what was deleted and
+    kept, and whether the old run listed what it wrote, before anything else is made). The directory taken and its
+    lock; nothing locked when it is refused."""
+    run_dir, lock = take_new_run_dir(run_dir, claim=claim, command=command)
+    try:
+        check_run_dirs(run_dir, [run_dir / agent_dir for agent_dir in agent_dirs], overwrite)
+        if has_run(run_dir) and (overwrite or never_trained(run_dir)):
+            listed = read_manifest(run_dir) is not None
+            report(run_dir, clear_run(run_dir), listed)
+    except BaseException:
+        lock.release()
+        raise
+    return run_dir, lock
 
 
 def make_agent_dirs(run_dir: Path, names: Sequence[str], config: dict) -> None:
