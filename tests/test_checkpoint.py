@@ -5,13 +5,11 @@ import json
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import ppo_eqx.host.rundir as rundir
 from ppo_eqx import ActorCritic, Checkpoint, CheckpointError, PPOConfig
-from ppo_eqx.core.envs import EnvSpec, env_spec, segment_env_seeds
-from ppo_eqx.core.state import init_agents
+from ppo_eqx.core.envs import env_spec, segment_env_seeds
 from ppo_eqx.host import kernel_build
 from ppo_eqx.host.checkpoint import (
     check_same_run,
@@ -22,7 +20,7 @@ from ppo_eqx.host.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from ppo_eqx.host.fresh import fresh_agents, init_checkpoint
+from ppo_eqx.host.fresh import init_checkpoint
 
 from .comparisons import leaves_equal
 
@@ -185,42 +183,6 @@ def test_building_a_model_or_loading_a_checkpoint_starts_no_compiler(tmp_path, m
     model = ActorCritic(atari_spec.obs_shape, atari_spec.num_actions, conv_impl="kernel", key=jax.random.PRNGKey(0))
     loaded = load_checkpoint(read_checkpoint(path), atari, atari_spec, conv_impl="kernel")
     assert model.conv_impl == loaded.model.conv_impl == "kernel"
-
-
-FRESH_CASES = {
-    "vector, one agent": (EnvSpec("CartPole-v1", (4,), np.dtype(np.float32), 2, "vector"), {}),
-    "vector, a sweep of 2 x 2": (
-        EnvSpec("CartPole-v1", (4,), np.dtype(np.float32), 2, "vector"),
-        {"num_seeds": 2, "sweep": {"learning_rate": [1e-3, 2.5e-4]}},
-    ),
-    "grid, gymnax-blines' init": (
-        EnvSpec("Breakout-MinAtar", (10, 10, 4), np.dtype(np.float32), 3, "grid"),
-        {"network_init": "gymnax-blines"},
-    ),
-    "frames, 2 seeds": (EnvSpec("Breakout-v5", (4, 84, 84), np.dtype(np.uint8), 4, "frames"), {"num_seeds": 2}),
-}
-
-
-@pytest.mark.compile
-@pytest.mark.parametrize("case", sorted(FRESH_CASES))
-def test_fresh_agents_computed_as_one_program_are_the_bits_of_each_operation_run_alone(case):
-    """A fresh run's agents are computed in one compiled program (a short run's start); its result is the one of
-    running ``init_agents`` operation by operation, bit for bit (NaN where NaN: episode statistics start so)."""
-    spec, changes = FRESH_CASES[case]
-    config = CARTPOLE.replace(**changes).validate()
-    seeds = config.seed if config.num_agents == 1 else jnp.asarray([a.seed for a in config.agent_configs()])
-    alone = init_agents(
-        spec,
-        config.agent_hyperparameters(),
-        seeds,
-        num_envs=config.num_envs,
-        sizes=config.sizes,
-        conv_impl="matmul",
-        network_init=config.network_init,  # type: ignore[arg-type]
-    )
-    together = fresh_agents(config, spec, conv_impl="matmul")
-    pairs = zip(jax.tree.leaves(alone), jax.tree.leaves(together), strict=True)
-    assert all(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True) and a.dtype == b.dtype for a, b in pairs)
 
 
 @pytest.mark.unit

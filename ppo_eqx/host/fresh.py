@@ -2,42 +2,31 @@
 (``init_checkpoint``), which loading a checkpoint also builds, without running anything, as the tree its arrays
 load into (``checkpoint.load_checkpoint``)."""
 
-from typing import Any, cast
+from typing import cast
 
 import equinox as eqx
 import jax.numpy as jnp
 
 from ..config import PPOConfig
 from ..core.envs import EnvBackend, EnvSpec, backend
-from ..core.hyperparameters import AgentHyperparameters
 from ..core.networks import ConvRoute, NetworkInit
 from ..core.state import Checkpoint, init_agents
-from .compiled import own_jit
 from .pools import EnvShare, make_collector, pool_env_seeds
 
 
 def fresh_agents(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> Checkpoint:
     """A fresh run's agents at iteration 0 (``core.state.init_agents``), agent k initialised as the single run of
-    ``config.agent_configs()[k]``, with fresh episode statistics as their ``envs``.
-
-    Computed as one program: the same bits as running its operations one at a time (``tests/test_checkpoint.py``),
-    where each of a few dozen operations would be compiled on its own first (about 1 s of a short run's start on a
-    2-core CPU, 1.4 s for the Atari model)."""
+    ``config.agent_configs()[k]``, with fresh episode statistics as their ``envs``."""
     seeds = config.seed if config.num_agents == 1 else jnp.asarray([agent.seed for agent in config.agent_configs()])
-    network_init = cast(NetworkInit, config.network_init)  # validate() allows only NETWORK_INITS
-
-    def fresh(seeds: Any, hyperparameters: AgentHyperparameters) -> Checkpoint:
-        return init_agents(
-            spec,
-            hyperparameters,
-            seeds,
-            num_envs=config.num_envs,
-            sizes=config.sizes,
-            conv_impl=conv_impl,
-            network_init=network_init,
-        )
-
-    return own_jit(fresh)(seeds, config.agent_hyperparameters())
+    return init_agents(
+        spec,
+        config.agent_hyperparameters(),
+        seeds,
+        num_envs=config.num_envs,
+        sizes=config.sizes,
+        conv_impl=conv_impl,
+        network_init=cast(NetworkInit, config.network_init),  # validate() allows only NETWORK_INITS
+    )
 
 
 def init_checkpoint(
