@@ -13,10 +13,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args, no_type_check
 
-from .errors import ConfigError
+from .errors import ConfigError, show_value
 from .presets import preset_for
-from .settings import FLOAT32_MAX, FieldRange, Hyperparameters, Sizes, config_field
-from .sweeps import check_sweep, normal_sweep, setting_label
+from .settings import ENV_BACKENDS, FLOAT32_MAX, FieldRange, Hyperparameters, Sizes, config_field
+from .sweeps import NOT_SWEEPABLE, SWEEPABLE, normal_sweep, setting_label
 
 if TYPE_CHECKING:  # the array face imports jax: config.py stays jax-free for the command line's parser
     from .core.hyperparameters import AgentHyperparameters
@@ -29,8 +29,6 @@ ROLLOUT_PLACES = ("auto", "device", "host")
 """Where the rollout is compiled (``rollout_on``): resolved at the edge (``host.placement.rollout_place``)."""
 NETWORK_INITS = ("cleanrl", "gymnax-blines")
 """How a model's layers may start (``core.networks.NetworkInit``, the same names, says what each means)."""
-ENV_BACKENDS = ("envpool", "ale", "gymnax")
-"""The env backends a config may name (``ppo_eqx.core.envs.BACKENDS`` maps each to its module)."""
 
 INT32_MAX = 2**31 - 1
 """The largest count or seed: EnvPool takes int32 seeds, and JAX counts in int32."""
@@ -236,15 +234,18 @@ class PPOConfig(Hyperparameters):
     def from_dict(cls, values: Mapping[str, Any]) -> "PPOConfig":
         """The validated config of ``values`` (as ``to_dict`` gives), fields left out taking their defaults."""
         if not isinstance(values, Mapping):
-            raise ConfigError(f"config={_show(values)} is not a mapping of fields; allowed: a dict of field: value")
+            raise ConfigError(
+                f"config={show_value(values)} is not a mapping of fields; allowed: a dict of field: value"
+            )
         names = [field.name for field in dataclasses.fields(cls)]
-        unknown = sorted(_show(name) for name in values if name not in names)
+        unknown = sorted(show_value(name) for name in values if name not in names)
         if unknown:
             raise ConfigError(f"unknown config field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(names))}")
         try:
             config = cls(**values)
         except TypeError as error:  # unreachable for a Mapping of known names, kept so that none escapes
-            raise ConfigError(f"config={_show(values)} is not a set of fields ({error}); allowed: a dict") from error
+            shown = show_value(values)
+            raise ConfigError(f"config={shown} is not a set of fields ({error}); allowed: a dict") from error
         return config.validate()
 
     @classmethod
@@ -345,18 +346,6 @@ FIELD_CHOICES: dict[str, tuple[str, ...]] = {
 FIELD_TYPES: dict[str, Any] = {field.name: field.type for field in dataclasses.fields(PPOConfig)}
 """Each field's declared type: ``bool``, ``int``, ``float``, ``str`` (and ``sweep``'s own)."""
 
-MAX_SHOWN = 60
-"""Characters of a value's repr that a message shows; longer ones are cut, so that a message is one line."""
-
-
-def _show(value: object) -> str:
-    """``repr(value)``, cut to ``MAX_SHOWN`` characters; repr keeps newlines out."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int beyond Python's limit on digits
-        text = f"<int of {value.bit_length()} bits>" if isinstance(value, int) else f"<{type(value).__name__}>"
-    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
-
 
 def _allowed(kind: object, name: str) -> str:
     """What field ``name`` of type ``kind`` takes, in words."""
@@ -402,7 +391,43 @@ def _check_field(name: str, kind: object, value: Any) -> None:
         if not low <= value <= high:
             problem = f"must be {must_be}"
     if problem is not None:
-        raise ConfigError(f"{name}={_show(value)} {problem}; allowed: {_allowed(kind, name)}")
+        raise ConfigError(f"{name}={show_value(value)} {problem}; allowed: {_allowed(kind, name)}")
+
+
+def check_sweep(sweep: Any) -> None:
+    """Raise ConfigError unless ``sweep`` is pairs of distinct sweepable names and distinct allowed values."""
+    if not isinstance(sweep, tuple) or any(not isinstance(pair, tuple) or len(pair) != 2 for pair in sweep):
+        raise ConfigError(
+            f"sweep={show_value(sweep)} is not a sweep; allowed: a mapping of hyperparameter name to a list of values"
+        )
+    seen: set[str] = set()
+    for name, values in sweep:
+        if not isinstance(name, str) or name not in FIELD_TYPES:
+            raise ConfigError(f"sweep of {show_value(name)}: not a hyperparameter; allowed: {', '.join(SWEEPABLE)}")
+        if name not in SWEEPABLE:
+            raise ConfigError(
+                f"sweep of {name}: one program cannot sweep it ({name} {NOT_SWEEPABLE[name]}); sweep it with a "
+                f"separate run per value; allowed: {', '.join(SWEEPABLE)}"
+            )
+        if name in seen:
+            raise ConfigError(f"sweep of {name}: given twice; allowed: each name once")
+        seen.add(name)
+        if not values:
+            raise ConfigError(f"sweep of {name}: no values; allowed: one or more values")
+        for value in values:
+            try:
+                _check_field(name, FIELD_TYPES[name], value)
+            except ConfigError as error:
+                raise ConfigError(f"sweep of {name}: {error}") from None
+        repeated = [value for i, value in enumerate(values) if value in values[:i]]
+        if repeated:
+            raise ConfigError(f"sweep of {name}: {show_value(repeated[0])} given twice; allowed: distinct values")
+    if sweep and math.prod(len(values) for _, values in sweep) == 1:
+        setting = ", ".join(f"{name}={show_value(values[0])}" for name, values in sweep)
+        raise ConfigError(
+            f"sweep of one setting ({setting}) is no sweep; allowed: two or more values of a name (one value is "
+            "set as the field itself)"
+        )
 
 
 SweepPairs = Sequence[tuple[str, Sequence[Any]]]

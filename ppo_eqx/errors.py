@@ -4,6 +4,18 @@ The command line (``ppo_eqx.cli``) maps them to exit statuses: ``ConfigError``, 
 ``UsageError`` are bad input (2), ``RunError`` a run that cannot go on (1).
 """
 
+MAX_SHOWN = 60
+"""Characters of a value's repr that a message shows; longer ones are cut, so that a message is one line."""
+
+
+def show_value(value: object) -> str:
+    """``repr(value)``, cut to ``MAX_SHOWN`` characters; repr keeps newlines out."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond Python's limit on digits
+        text = f"<int of {value.bit_length()} bits>" if isinstance(value, int) else f"<{type(value).__name__}>"
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+
 
 class ConfigError(ValueError):
     """An impossible or unknown setting; the message names the value and what is allowed."""

@@ -27,6 +27,9 @@ be > 0 must be at least this."""
 PROBABILITY = FieldRange(0.0, 1.0, "in [0, 1]")
 STEP_SIZE = FieldRange(FLOAT32_TINY, FLOAT32_MAX, "> 0")
 WEIGHT = FieldRange(0.0, FLOAT32_MAX, ">= 0")
+ENV_BACKENDS = ("envpool", "ale", "gymnax")
+"""The env backends a config may name (``ppo_eqx.core.envs.BACKENDS`` maps each to its module; an import-time
+check ties the two)."""
 
 
 def config_field(

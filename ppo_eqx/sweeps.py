@@ -1,12 +1,11 @@
 """What one program may sweep (``PPOConfig.sweep``): the sweepable fields, why each other field is not, a sweep's
-normal form and its check, and a setting's name. No jax here; the fields' types and ranges are ``config``'s."""
+normal form and a setting's name. No jax here; a sweep's check is ``config.check_sweep``, beside the fields'
+types and ranges."""
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError
 from .settings import Hyperparameters
 
 SWEEPABLE: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Hyperparameters))
@@ -56,42 +55,3 @@ def normal_sweep(sweep: Any) -> Any:
     ):
         return tuple((name, tuple(values)) for name, values in pairs)
     return sweep
-
-
-def check_sweep(sweep: Any) -> None:
-    """Raise ConfigError unless ``sweep`` is pairs of distinct sweepable names and distinct allowed values."""
-    from .config import FIELD_TYPES as fields  # the fields' types: config defines them, and calls this
-    from .config import _check_field, _show
-
-    if not isinstance(sweep, tuple) or any(not isinstance(pair, tuple) or len(pair) != 2 for pair in sweep):
-        raise ConfigError(
-            f"sweep={_show(sweep)} is not a sweep; allowed: a mapping of hyperparameter name to a list of values"
-        )
-    seen: set[str] = set()
-    for name, values in sweep:
-        if not isinstance(name, str) or name not in fields:
-            raise ConfigError(f"sweep of {_show(name)}: not a hyperparameter; allowed: {', '.join(SWEEPABLE)}")
-        if name not in SWEEPABLE:
-            raise ConfigError(
-                f"sweep of {name}: one program cannot sweep it ({name} {NOT_SWEEPABLE[name]}); sweep it with a "
-                f"separate run per value; allowed: {', '.join(SWEEPABLE)}"
-            )
-        if name in seen:
-            raise ConfigError(f"sweep of {name}: given twice; allowed: each name once")
-        seen.add(name)
-        if not values:
-            raise ConfigError(f"sweep of {name}: no values; allowed: one or more values")
-        for value in values:
-            try:
-                _check_field(name, fields[name], value)
-            except ConfigError as error:
-                raise ConfigError(f"sweep of {name}: {error}") from None
-        repeated = [value for i, value in enumerate(values) if value in values[:i]]
-        if repeated:
-            raise ConfigError(f"sweep of {name}: {_show(repeated[0])} given twice; allowed: distinct values")
-    if sweep and math.prod(len(values) for _, values in sweep) == 1:
-        setting = ", ".join(f"{name}={_show(values[0])}" for name, values in sweep)
-        raise ConfigError(
-            f"sweep of one setting ({setting}) is no sweep; allowed: two or more values of a name (one value is "
-            "set as the field itself)"
-        )

@@ -18,8 +18,8 @@ import numpy as np
 from jax import custom_batching
 from jaxtyping import Array, Int
 
-from ...config import ENV_BACKENDS
 from ...errors import ConfigError
+from ...settings import ENV_BACKENDS
 from .._types import EnvOutput, ObsKind
 
 EnvStep = Callable[[Any, Int[Array, " N"]], tuple[Any, EnvOutput]]
@@ -43,10 +43,10 @@ BACKENDS = {
     "ale": _Module("ppo_eqx.core.envs.ale", ("ale_py", "chex", "gymnasium"), "pip install 'ppo_eqx[ale]'"),
     "gymnax": _Module("ppo_eqx.core.envs.gymnax", ("gymnax", "flax"), "pip install 'ppo_eqx[gymnax]'"),
 }
-"""Backend name -> where it lives and what it needs; the names are ``config.ENV_BACKENDS`` (the jax-free face the
+"""Backend name -> where it lives and what it needs; the names are ``settings.ENV_BACKENDS`` (the jax-free face the
 command line's ``--env-backend`` takes), in its order: the check below keeps the two equal."""
 if tuple(BACKENDS) != ENV_BACKENDS:
-    raise TypeError(f"core.envs.BACKENDS names {tuple(BACKENDS)}, config.ENV_BACKENDS {ENV_BACKENDS}: one list")
+    raise TypeError(f"core.envs.BACKENDS names {tuple(BACKENDS)}, settings.ENV_BACKENDS {ENV_BACKENDS}: one list")
 
 
 class EnvThreads(NamedTuple):
