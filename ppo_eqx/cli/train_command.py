@@ -22,7 +22,6 @@ from ..host.ownership import (
     RunLock,
     adopt_legacy_run,
     check_run_dirs,
-    make_agent_dirs,
     refuse_if_held,
     take_new_run,
 )
@@ -178,24 +177,18 @@ def _finished(plan: Plan) -> bool:
 
 def _take_new(plan: Plan, args: argparse.Namespace) -> tuple[Plan, RunLock]:
     """The new run's directory taken (``take_new_run``: made, locked, checked again under the lock, the old run
-    cleared by ``--overwrite`` or by a plain retry of one that never trained) and the agents' directories made: the
+    cleared by ``--overwrite`` or by a plain retry of one that never trained, the agents' directories made): the
     plan with the directory taken, and its lock."""
     flag = "--overwrite" if args.overwrite else None
-    agent_dirs = [path.relative_to(plan.run_dir) for path in _agent_dirs(plan)]
     run_dir, lock = take_new_run(
         plan.run_dir,
-        agent_dirs,
+        plan.config.agent_names(),
+        plan.config.to_dict(),
         overwrite=args.overwrite,
         claim=args.run_dir is None,
         command=f"ppo-eqx train {flag or ''}".strip(),
         report=lambda run_dir, cleared, listed: _say_cleared(run_dir, cleared, listed, flag),
     )
-    try:
-        if plan.config.num_agents > 1:
-            make_agent_dirs(run_dir, plan.config.agent_names(), plan.config.to_dict())
-    except BaseException:
-        lock.release()
-        raise
     return plan._replace(run_dir=run_dir), lock
 
 

@@ -55,6 +55,9 @@ from .rundir import (
     written_name,
 )
 from .rundir import (
+    agent_dirs as agent_dirs_of,
+)
+from .rundir import (
     holds_run as looks_like_a_run,
 )
 
@@ -631,7 +634,8 @@ def take_new_run_dir(run_dir: Path, *, claim: bool, command: str) -> tuple[Path,
 
 def take_new_run(
     run_dir: Path,
-    agent_dirs: Sequence[Path],
+    agent_names: Sequence[str],
+    config: dict,
     *,
     overwrite: bool,
     claim: bool,
@@ -639,16 +643,20 @@ def take_new_run(
     report: Callable[[Path, Cleared, bool], None],
 ) -> tuple[Path, RunLock]:
     """Take a new run's directory whole: made and locked (``take_new_run_dir``), checked again under the lock
-    (``check_run_dirs``; ``agent_dirs`` relative to ``run_dir``), the old run there cleared with ``overwrite`` or
-    by a plain retry of one that never trained (``report(run_dir, cleared, listed)`` says what was deleted and
-    kept, and whether the old run listed what it wrote, before anything else is made). The directory taken and its
-    lock; nothing locked when it is refused."""
+    (``check_run_dirs``), the old run there cleared with ``overwrite`` or by a plain retry of one that never trained
+    (``report(run_dir, cleared, listed)`` says what was deleted and kept, and whether the old run listed what it
+    wrote, before anything else is made), and for several agents (``agent_names``) their directories and
+    ``seeds.json`` (``config``: ``make_agent_dirs``). The directory taken and its lock; nothing locked when it is
+    refused."""
     run_dir, lock = take_new_run_dir(run_dir, claim=claim, command=command)
+    several = len(agent_names) > 1
     try:
-        check_run_dirs(run_dir, [run_dir / agent_dir for agent_dir in agent_dirs], overwrite)
+        check_run_dirs(run_dir, agent_dirs_of(run_dir, agent_names) if several else [], overwrite)
         if has_run(run_dir) and (overwrite or never_trained(run_dir)):
             listed = read_manifest(run_dir) is not None
             report(run_dir, clear_run(run_dir), listed)
+        if several:
+            make_agent_dirs(run_dir, agent_names, config)
     except BaseException:
         lock.release()
         raise
