@@ -259,8 +259,9 @@ class PPOConfig(Hyperparameters):
 
         cls.from_dict({"env_id": env_id, "env_backend": env_backend})  # names checked before the backend reads them
         chosen = backend(env_backend)
-        preset = preset_for(chosen.spec(env_id).kind, state_is_data=chosen.state_is_data)
-        return cls.from_dict({**preset, **values, "env_id": env_id, "env_backend": env_backend})
+        kind = chosen.spec(env_id).kind
+        task = {"env_id": env_id, "env_backend": env_backend}
+        return cls.from_dict({**preset_for(kind, state_is_data=chosen.state_is_data), **values, **task})
 
     def validate(self) -> "PPOConfig":
         """Return self, or raise ConfigError naming the first impossible setting, its value and what is allowed.

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from ppo_eqx import ActorCritic, AgentHyperparameters, PPOConfig, make_optimizer, update
+from ppo_eqx.core.envs import backend
 from ppo_eqx.core.sharded import make_mesh, replicate, shard_batch, sharded_update
 from ppo_eqx.errors import ConfigError
 from ppo_eqx.host.mesh import check_mesh_config
@@ -131,5 +132,6 @@ def test_a_config_that_cannot_split_over_the_mesh_is_refused(changes, message):
     if changes.get("env_backend") == "gymnax":
         pytest.importorskip("gymnax")  # without it the refusal names the missing backend (tests/test_backends.py)
     mesh = make_mesh(jax.devices()[:1] * 2)  # only its shape counts
+    config = PPOConfig(**changes).validate()
     with pytest.raises(ConfigError, match=message):
-        check_mesh_config(PPOConfig(**changes).validate(), mesh)
+        check_mesh_config(config, mesh, backend(config.env_backend))

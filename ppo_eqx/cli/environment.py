@@ -154,7 +154,7 @@ RESULT_VARIABLES = (
 )
 """Environment variables that change what a run computes (its dtypes, its products' precision, its random
 numbers, XLA's code): recorded in ``hardware.json`` as the run's ``environment``, and a resume under other values
-is refused (``check_same_environment``)."""
+is refused (``host.resume.check_same_environment``)."""
 REFUSED_SETTINGS = {
     "jax_debug_nans": (
         "JAX_DEBUG_NANS",
@@ -188,30 +188,3 @@ def check_jax_settings() -> None:
             value = os.environ.get(variable)
             where = f"{variable}={value!r}" if value is not None else f"jax.config.{setting}=True"
             raise UsageError(f"{where} {why}")
-
-
-_TRUE = ("1", "true", "t", "yes", "y", "on")
-
-
-def _meaning(name: str, value: str | None) -> str | None:
-    """What a variable's value means to jax: a flag's truth (``1`` and ``true`` alike), else the text itself."""
-    if name in ("JAX_ENABLE_X64", "JAX_THREEFRY_PARTITIONABLE"):
-        return None if value is None else str(value.strip().lower() in _TRUE)
-    return value.strip() or None if value is not None else None
-
-
-def check_same_environment(run_dir: Any, recorded: dict[str, Any] | None, now: dict[str, str | None]) -> None:
-    """UsageError when this process's ``RESULT_VARIABLES`` differ from those the run in ``run_dir`` was trained
-    under (``recorded``, from its ``hardware.json``; None for a run of an earlier ppo-eqx: nothing to compare)."""
-    if not isinstance(recorded, dict):
-        return
-    for name in RESULT_VARIABLES:
-        before, after = recorded.get(name), now.get(name)
-        if _meaning(name, before) != _meaning(name, after):
-            was = "unset" if before is None else f"{name}={before!r}"
-            is_now = "unset" if after is None else f"{name}={after!r}"
-            advice = f"unset {name}" if before is None else f"set {name}={before!r}"
-            raise UsageError(
-                f"--resume {run_dir} was trained with {was} and this process has {is_now}, which changes what it "
-                f"computes; {advice} to resume it"
-            )

@@ -2,8 +2,6 @@
 (``plan_resume``), from the parsed flags. Nothing is written here."""
 
 import argparse
-import json
-import os
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -11,10 +9,10 @@ from typing import NamedTuple
 from ..config import PPOConfig, flag
 from ..core.envs import EnvBackend, EnvSpec, backend
 from ..core.networks import ConvRoute
-from ..errors import ConfigError, RunDirError, UsageError
-from ..host.checkpoint import CheckpointFile, check_same_run, read_checkpoint
-from ..host.ownership import read_manifest
-from ..host.rundir import CONFIG, METRICS, SEEDS_CONFIG, agent_dirs, checked_metrics
+from ..errors import ConfigError, UsageError
+from ..host.checkpoint import CheckpointFile
+from ..host.resume import read_run
+from ..host.rundir import CONFIG, agent_dirs
 
 
 class Plan(NamedTuple):
@@ -26,16 +24,21 @@ class Plan(NamedTuple):
     run_dir: Path
     backend: EnvBackend
     spec: EnvSpec
+    environment: dict[str, str | None]
+    """The environment variables that change what it computes (``environment.RESULT_VARIABLES``), as set here."""
     resume: CheckpointFile | None = None
     """The newest checkpoint, read and checked, when resuming."""
-    environment: dict[str, str | None] | None = None
-    """The environment variables that change what it computes (``environment.RESULT_VARIABLES``), as set here."""
     route: ConvRoute | None = None
     """How the convolutions are computed here (``checks.conv_route``), once the devices are joined."""
 
     @property
     def start_iteration(self) -> int:
         return 0 if self.resume is None else int(self.resume.metadata["iteration"])
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run to resume has trained all its iterations."""
+        return self.start_iteration >= self.config.num_iterations
 
     @property
     def agent_dirs(self) -> list[Path]:
@@ -69,7 +72,7 @@ _CONFIG_FIELDS = frozenset(PPOConfig.__dataclass_fields__)
 _TASK_FIELDS = _CONFIG_FIELDS - {"env_id", "env_backend"}
 
 
-def plan_new(args: argparse.Namespace) -> Plan:
+def plan_new(args: argparse.Namespace, environment: dict[str, str | None]) -> Plan:
     """The checked plan of a new run: its config and env (nothing is written; the run directory is checked by
     the process that writes it, ``host.ownership.check_run_dirs``)."""
     config = config_from_args(args)
@@ -77,12 +80,13 @@ def plan_new(args: argparse.Namespace) -> Plan:
         raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds} and --sweep")
     run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
     chosen = backend(config.env_backend)
-    return Plan(config, run_dir, chosen, chosen.spec(config.env_id))
+    return Plan(config, run_dir, chosen, chosen.spec(config.env_id), environment)
 
 
-def plan_resume(args: argparse.Namespace) -> Plan:
-    """The checked plan of ``--resume RUN_DIR``: its config and newest checkpoint, read whole and checked (its
-    arrays are loaded once the devices are known)."""
+def plan_resume(args: argparse.Namespace, environment: dict[str, str | None]) -> Plan:
+    """The checked plan of ``--resume RUN_DIR`` in this process's ``environment``: its config and newest
+    checkpoint, read whole and checked (``host.checkpoint.read_run``; its arrays are loaded once the devices are
+    known)."""
     run_dir: Path = args.resume
     given = [flag(name) for name in sorted(_CONFIG_FIELDS) if getattr(args, name) is not None]
     if given:
@@ -95,35 +99,8 @@ def plan_resume(args: argparse.Namespace) -> Plan:
         raise UsageError("--resume RUN_DIR is the run directory; drop --run-dir")
     if not run_dir.is_dir():
         raise UsageError(f"--resume {run_dir}: no such run directory")
-    read_manifest(run_dir)  # a damaged manifest is refused before the run is taken, as --overwrite refuses it
-    config = _saved_config(run_dir)
-    chosen = backend(config.env_backend)
-    spec = chosen.spec(config.env_id)
+    config, newest = read_run(run_dir, "--resume", environment)
     if args.track and config.num_agents > 1:
         raise UsageError(f"--track logs one run; {run_dir} trains {config.num_agents} agents")
-    newest = read_checkpoint(run_dir)
-    check_same_run(newest, config)
-    if not os.access(run_dir, os.W_OK | os.X_OK):
-        raise RunDirError(f"--resume {run_dir} is not writable")
-    plan = Plan(config, run_dir, chosen, spec, newest)
-    for agent_dir in plan.agent_dirs:  # a damaged history is refused before anything is written
-        checked_metrics(agent_dir / METRICS, plan.start_iteration)
-    return plan
-
-
-def _saved_config(run_dir: Path) -> PPOConfig:
-    config_path = run_dir / CONFIG
-    if not config_path.exists() and (run_dir / SEEDS_CONFIG).exists():
-        config_path = run_dir / SEEDS_CONFIG
-    try:
-        saved = json.loads(config_path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"--resume {run_dir}: no run there ({config_path} is missing)") from None
-    except (OSError, ValueError) as error:
-        raise UsageError(f"--resume {run_dir}: cannot read {config_path}: {error}") from None
-    if not isinstance(saved, dict):
-        raise UsageError(f"--resume {run_dir}: {config_path} is not a config")
-    try:
-        return PPOConfig.from_dict(saved)
-    except ValueError as error:
-        raise UsageError(f"--resume {run_dir}: {config_path}: {error}") from None
+    chosen = backend(config.env_backend)
+    return Plan(config, run_dir, chosen, chosen.spec(config.env_id), environment, newest)

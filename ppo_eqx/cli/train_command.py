@@ -1,37 +1,37 @@
-"""What ``ppo-eqx train`` does with its parsed flags: check every input before anything is written (the plan,
-``plan.py``; the rest, ``checks.py``), join the devices and processes, take the run directory only then (its lock,
-then ``--overwrite``'s clearing: ``host.ownership``), and hand the run to a ``supervisor.Supervisor``: the run's
-lifecycle (writers, trainer, signals, checkpoints, the end). Imported by ``main`` when the command runs, so that
-``ppo-eqx --help`` reads no more than the parser needs.
+"""What ``ppo-eqx train`` does with its parsed flags, each stage once and in order: check every input before
+anything is written (the plan, ``plan.py``, which reads a run to resume through ``host.resume``; the rest,
+``checks.py``), join the devices and processes and resolve what they decide (memory, mesh, the convolutions'
+route), lock a run to resume and read it again before its arrays are loaded, take the run directory (a new run's
+checked, made, locked and cleared by ``--overwrite``: ``host.ownership``), and hand the run to a
+``supervisor.Supervisor``: the run's lifecycle (writers, trainer, signals, checkpoints, the end). Imported by
+``main`` when the command runs, so that ``ppo-eqx --help`` reads no more than the parser needs.
 """
 
 import argparse
-import json
 from pathlib import Path
 
 import jax
 from jax.sharding import Mesh
 
+from ..core.networks import ConvRoute
 from ..core.sharded import make_mesh
-from ..core.state import Checkpoint
 from ..errors import RunDirError, RunError, UsageError
 from ..host.checkpoint import load_checkpoint
 from ..host.mesh import any_process, check_mesh_config
 from ..host.ownership import (
-    Cleared,
     RunLock,
     adopt_legacy_run,
     check_run_dirs,
     refuse_if_held,
     take_new_run,
 )
-from ..host.rundir import HARDWARE, free_name
+from ..host.resume import read_run_again
+from ..host.rundir import free_name
 from .checks import check_addresses, check_memory, check_wandb_names, conv_route, require
 from .environment import (
     XlaFlagsProbe,
     check_backend,
     check_jax_settings,
-    check_same_environment,
     results_environment,
 )
 from .interrupts import EARLY
@@ -78,20 +78,21 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
     probe.check()
     check_jax_settings()
     plan = _checked_plan(args, results_environment(probe.flags))
-    if _finished(plan):  # nothing to take: the lock file is left as it is too
-        return 0
     one_process = not (args.distributed or args.coordinator_address)
+    mesh = start_processes(args, probe)
+    route = _on_these_devices(plan, mesh)
+    plan = plan._replace(route=route)
     lock = None
-    if plan.resume is not None and one_process:  # the run is read again under its lock: it may have gone on
-        lock = RunLock.take(plan.run_dir, "ppo-eqx train --resume")
     try:
-        if lock is not None:
-            plan = plan_resume(args)._replace(environment=plan.environment)
-        if _finished(plan):
+        if plan.resume is not None and one_process and not plan.finished:  # a finished run: its lock file is kept
+            lock = RunLock.take(plan.run_dir, "ppo-eqx train --resume")
+            # Read again under its lock, before its arrays are loaded: it may have gone on.
+            plan = plan._replace(resume=read_run_again(plan.run_dir, "--resume", plan.config, plan.environment))
+        if plan.finished:
+            done = f"finished at iteration {plan.start_iteration}; nothing to resume"
+            print(f"ppo-eqx: {plan.run_dir} {done}", flush=True)
             return 0
-        mesh = start_processes(args, probe)
-        plan = _on_these_devices(plan, mesh)
-        restore = None if plan.resume is None else _loaded(plan)
+        restore = None if plan.resume is None else load_checkpoint(plan.resume, plan.config, plan.spec, conv_impl=route)
         writes = jax.process_index() == 0  # process 0 writes the run directory and prints; all of them train
         plan, lock = _take(plan, args, lock, writes)
         return Supervisor(RunOptions.of(args), plan, mesh, writes, restore).run()
@@ -102,30 +103,25 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
 
 def _checked_plan(args: argparse.Namespace, environment: dict[str, str | None]) -> Plan:
     """The plan of ``args``, checked as far as one process can before any is joined: the flags, the config, the
-    checkpoint to resume and the environment it was trained under, the run directory."""
+    checkpoint to resume and the environment it was trained under (a new run's directory is checked by the process
+    that takes it, ``_take_new``, before it makes anything)."""
     if args.track:
         require("wandb", "--track needs Weights & Biases: pip install wandb")
         check_wandb_names(args)
     check_addresses(args)
-    plan = (plan_resume(args) if args.resume is not None else plan_new(args))._replace(environment=environment)
-    if plan.resume is not None:
-        check_same_environment(plan.run_dir, _recorded_environment(plan), environment)
-    elif not (args.distributed or args.coordinator_address):  # several: process 0 checks once all have joined
-        if args.run_dir is not None:
-            refuse_if_held(plan.run_dir)  # a run that started meanwhile is named, not just found
-        # A default name is claimed fresh (_take): a run that took it meanwhile is no reason to refuse.
-        run_dir = plan.run_dir if args.run_dir is not None else free_name(plan.run_dir)
-        check_run_dirs(run_dir, _agent_dirs(plan._replace(run_dir=run_dir)), args.overwrite)
-    return plan
+    if args.resume is not None:
+        return plan_resume(args, environment)
+    return plan_new(args, environment)
 
 
-def _on_these_devices(plan: Plan, mesh: Mesh | None) -> Plan:
+def _on_these_devices(plan: Plan, mesh: Mesh | None) -> ConvRoute:
     """What the joined devices decide, checked: the memory the run needs, the mesh's limits, and the route of the
     convolutions (in the plan from here on)."""
     check_memory(plan.config, plan.spec, devices=1 if mesh is None else mesh.size)
+    route = conv_route(plan.config, plan.spec)
     if mesh is not None:
-        check_mesh_config(plan.config, mesh)
-    return plan._replace(route=conv_route(plan.config, plan.spec))
+        check_mesh_config(plan.config, mesh, plan.backend)
+    return route
 
 
 def _take(plan: Plan, args: argparse.Namespace, lock: RunLock | None, writes: bool) -> tuple[Plan, RunLock | None]:
@@ -136,7 +132,6 @@ def _take(plan: Plan, args: argparse.Namespace, lock: RunLock | None, writes: bo
     if writes:
         try:
             if plan.resume is None:
-                EARLY.defer()  # from here on a Ctrl-C is the Supervisor's to act on: the directory changes
                 plan, lock = _take_new(plan, args)
             else:
                 lock = lock or RunLock.take(plan.run_dir, "ppo-eqx train --resume")
@@ -153,59 +148,24 @@ def _agent_dirs(plan: Plan) -> list[Path]:
     return plan.agent_dirs if plan.config.num_agents > 1 else []
 
 
-def _loaded(plan: Plan) -> Checkpoint:
-    """The checkpoint to resume, its arrays loaded for the plan's env and convolutions' route."""
-    assert plan.resume is not None and plan.route is not None
-    return load_checkpoint(plan.resume, plan.config, plan.spec, conv_impl=plan.route)
-
-
-def _recorded_environment(plan: Plan) -> dict | None:
-    """The environment the run to resume was trained under (its first agent's ``hardware.json``), if recorded."""
-    try:
-        return json.loads((plan.agent_dirs[0] / HARDWARE).read_text()).get("environment")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _finished(plan: Plan) -> bool:
-    """Whether the run to resume has trained all its iterations (then it says so)."""
-    if plan.start_iteration < plan.config.num_iterations:
-        return False
-    print(f"ppo-eqx: {plan.run_dir} finished at iteration {plan.start_iteration}; nothing to resume", flush=True)
-    return True
-
-
 def _take_new(plan: Plan, args: argparse.Namespace) -> tuple[Plan, RunLock]:
     """The new run's directory taken (``take_new_run``: made, locked, checked again under the lock, the old run
-    cleared by ``--overwrite`` or by a plain retry of one that never trained, the agents' directories made): the
-    plan with the directory taken, and its lock."""
-    flag = "--overwrite" if args.overwrite else None
+    cleared by ``--overwrite`` or by a plain retry of one that never trained, each saying what it deleted and
+    kept, the agents' directories made): the plan with the directory taken, and its lock. Every directory it
+    writes is checked first (``check_run_dirs``), so that nothing is made where the run would be refused."""
+    if args.run_dir is not None:
+        refuse_if_held(plan.run_dir)  # a run that started meanwhile is named, not just found
+    # A default name is claimed fresh (take_new_run): a run that took it meanwhile is no reason to refuse.
+    run_dir = plan.run_dir if args.run_dir is not None else free_name(plan.run_dir)
+    check_run_dirs(run_dir, _agent_dirs(plan._replace(run_dir=run_dir)), args.overwrite)
+    EARLY.defer()  # from here on a Ctrl-C is the Supervisor's to act on: the directory changes
     run_dir, lock = take_new_run(
         plan.run_dir,
         plan.config.agent_names(),
         plan.config.to_dict(),
         overwrite=args.overwrite,
         claim=args.run_dir is None,
-        command=f"ppo-eqx train {flag or ''}".strip(),
-        report=lambda run_dir, cleared, listed: _say_cleared(run_dir, cleared, listed, flag),
+        command="ppo-eqx train --overwrite" if args.overwrite else "ppo-eqx train",
+        report=lambda line: print(f"ppo-eqx: {line}", flush=True),
     )
     return plan._replace(run_dir=run_dir), lock
-
-
-def _say_cleared(run_dir: Path, cleared: Cleared, listed: bool, flag: str | None) -> None:
-    """Say, in a line each, what clearing the old run in ``run_dir`` deleted and what it kept. ``flag`` None: a
-    plain retry of a run that stopped before anything of it could be kept."""
-    if flag is None:
-        print(f"ppo-eqx: {run_dir} held a run that stopped before its first iteration; starting it afresh", flush=True)
-    if not listed:
-        print(
-            f"ppo-eqx: {run_dir} holds no list of what its run wrote (an earlier ppo-eqx wrote it): --overwrite "
-            "deleted the files that a run writes at its top, its events and checkpoints/iter_*, and the agents' "
-            "directories that its seeds.json names",
-            flush=True,
-        )
-    who = flag or "the retry"
-    if cleared.deleted:
-        print(f"ppo-eqx: {who} deleted what the old run wrote: {', '.join(cleared.deleted)}", flush=True)
-    if cleared.kept:
-        print(f"ppo-eqx: {who} kept what the old run did not write: {', '.join(cleared.kept)}", flush=True)

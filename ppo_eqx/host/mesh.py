@@ -16,7 +16,7 @@ from jaxtyping import Array, PRNGKeyArray, PyTree, Shaped
 from ..config import PPOConfig
 from ..core._types import Batch, EpisodeStats
 from ..core.collect import Collector
-from ..core.envs import backend
+from ..core.envs import EnvBackend, backend
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Collected, Metrics, collect, compose, learn
 from ..core.networks import ActorCritic
@@ -47,9 +47,9 @@ def any_process(flag: bool) -> bool:
     return bool(np.any(multihost_utils.process_allgather(np.asarray(flag))))
 
 
-def check_mesh_config(config: PPOConfig, mesh: Mesh) -> None:
-    """Raise ConfigError unless ``config`` can train on ``mesh`` (``MeshPlacement``'s checks; the command line runs
-    them before anything is written)."""
+def check_mesh_config(config: PPOConfig, mesh: Mesh, env_backend: EnvBackend) -> None:
+    """Raise ConfigError unless ``config`` can train on ``mesh`` with its envs from ``env_backend`` (``MeshPlacement``'s
+    checks; the command line runs them, with the backend its plan resolved, before anything is written)."""
     num_devices = mesh.size
     if config.num_seeds != 1:
         raise ConfigError(f"num_seeds={config.num_seeds} cannot train on a mesh of {num_devices} devices; allowed: 1")
@@ -62,7 +62,7 @@ def check_mesh_config(config: PPOConfig, mesh: Mesh) -> None:
         raise ConfigError(
             f"async_batch_size={config.async_batch_size} cannot train on a mesh of {num_devices} devices; allowed: 0"
         )
-    if backend(config.env_backend).state_is_data:
+    if env_backend.state_is_data:
         raise ConfigError(
             f"env_backend={config.env_backend!r} cannot train on a mesh of {num_devices} devices (its envs run in the "
             "program: not done yet); allowed: envpool, ale"
@@ -100,7 +100,7 @@ class MeshPlacement:
     """
 
     def __init__(self, config: PPOConfig, mesh: Mesh):
-        check_mesh_config(config, mesh)
+        check_mesh_config(config, mesh, backend(config.env_backend))
         processes = jax.process_count()
         order = [d.process_index for d in mesh.devices.flat]
         positions = [i for i, p in enumerate(order) if p == jax.process_index()]

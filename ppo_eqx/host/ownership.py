@@ -421,7 +421,9 @@ def owned_entries(run_dir: Path) -> list[tuple[Kind, str]]:
     entries = read_manifest(run_dir)
     if entries is not None:
         return entries
-    return legacy_entries(run_dir) if is_legacy_run(run_dir) else []
+    if not is_legacy_run(run_dir):
+        return []
+    return legacy_entries(run_dir)
 
 
 def owned_agents(run_dir: Path) -> set[Path]:
@@ -512,6 +514,26 @@ class Cleared(NamedTuple):
 
     deleted: list[str]
     kept: list[str]
+
+    def lines(self, run_dir: Path, listed: bool, flag: str | None) -> list[str]:
+        """What clearing the old run in ``run_dir`` did, a line each for the user: what it deleted and what it
+        kept, and whether the old run ``listed`` what it wrote. ``flag`` (``--overwrite``) None: a plain retry of
+        a run that stopped before anything of it could be kept."""
+        said = []
+        if flag is None:
+            said.append(f"{run_dir} held a run that stopped before its first iteration; starting it afresh")
+        if not listed:
+            said.append(
+                f"{run_dir} holds no list of what its run wrote (an earlier ppo-eqx wrote it): --overwrite deleted "
+                "the files that a run writes at its top, its events and checkpoints/iter_*, and the agents' "
+                "directories that its seeds.json names"
+            )
+        who = flag or "the retry"
+        if self.deleted:
+            said.append(f"{who} deleted what the old run wrote: {', '.join(self.deleted)}")
+        if self.kept:
+            said.append(f"{who} kept what the old run did not write: {', '.join(self.kept)}")
+        return said
 
 
 def _through_links(run_dir: Path, relative: str) -> bool:
@@ -640,21 +662,22 @@ def take_new_run(
     overwrite: bool,
     claim: bool,
     command: str,
-    report: Callable[[Path, Cleared, bool], None],
+    report: Callable[[str], None],
 ) -> tuple[Path, RunLock]:
     """Take a new run's directory whole: made and locked (``take_new_run_dir``), checked again under the lock
     (``check_run_dirs``), the old run there cleared with ``overwrite`` or by a plain retry of one that never trained
-    (``report(run_dir, cleared, listed)`` says what was deleted and kept, and whether the old run listed what it
-    wrote, before anything else is made), and for several agents (``agent_names``) their directories and
-    ``seeds.json`` (``config``: ``make_agent_dirs``). The directory taken and its lock; nothing locked when it is
-    refused."""
+    (``report`` is given ``Cleared.lines``, what was deleted and kept and whether the old run listed what it
+    wrote, a line at a time before anything else is made), and for several agents (``agent_names``) their
+    directories and ``seeds.json`` (``config``: ``make_agent_dirs``). The directory taken and its lock; nothing
+    locked when it is refused."""
     run_dir, lock = take_new_run_dir(run_dir, claim=claim, command=command)
     several = len(agent_names) > 1
     try:
         check_run_dirs(run_dir, agent_dirs_of(run_dir, agent_names) if several else [], overwrite)
         if has_run(run_dir) and (overwrite or never_trained(run_dir)):
             listed = read_manifest(run_dir) is not None
-            report(run_dir, clear_run(run_dir), listed)
+            for line in clear_run(run_dir).lines(run_dir, listed, "--overwrite" if overwrite else None):
+                report(line)
         if several:
             make_agent_dirs(run_dir, agent_names, config)
     except BaseException:

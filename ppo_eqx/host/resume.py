@@ -1,0 +1,98 @@
+"""What a run directory holds to be resumed (``read_run``): its manifest, its config, its newest checkpoint, the
+environment it was trained under and its agents' histories, read whole and checked before anything is written;
+and read again under the run's lock (``read_run_again``). Every refusal is one RunDirError line that names the
+flag the directory came from."""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..config import PPOConfig
+from ..errors import RunDirError
+from .checkpoint import CheckpointFile, check_same_run, read_checkpoint
+from .ownership import read_manifest
+from .rundir import CONFIG, HARDWARE, METRICS, SEEDS_CONFIG, agent_dirs, checked_metrics
+
+
+def read_run(run_dir: Path, who: str, environment: dict[str, str | None]) -> tuple[PPOConfig, CheckpointFile]:
+    """What a run directory holds to be resumed, read whole and checked before anything is written (RunDirError
+    names what is wrong, after ``who``, the flag that named it): its manifest (a damaged one is refused, as
+    ``--overwrite`` refuses it), its config, its newest checkpoint (written by that config), the environment it
+    was trained under against this process's (``check_same_environment``), and each agent's history up to that
+    checkpoint (``rundir.checked_metrics``)."""
+    read_manifest(run_dir)
+    config = read_run_config(run_dir, who)
+    newest = read_checkpoint(run_dir)
+    if not os.access(run_dir, os.W_OK | os.X_OK):
+        raise RunDirError(f"{who} {run_dir} is not writable")
+    dirs = agent_dirs(run_dir, config.agent_names())
+    check_same_environment(f"{who} {run_dir}", recorded_environment(dirs[0]), environment)
+    for agent_dir in dirs:
+        checked_metrics(agent_dir / METRICS, int(newest.metadata["iteration"]))
+    check_same_run(newest, config)
+    return config, newest
+
+
+def read_run_again(run_dir: Path, who: str, config: PPOConfig, environment: dict[str, str | None]) -> CheckpointFile:
+    """The newest checkpoint of the run that ``read_run`` read as ``config``, read and checked again (under the
+    run's lock: it may have gone on meanwhile); RunDirError where another run has been written there since."""
+    again, newest = read_run(run_dir, who, environment)
+    if again != config:
+        raise RunDirError(f"{who} {run_dir}: another run was written there while this one was read; try again")
+    return newest
+
+
+def recorded_environment(agent_dir: Path) -> dict | None:
+    """The environment an agent's run was trained under (its ``hardware.json``'s "environment"), if recorded."""
+    try:
+        return json.loads((agent_dir / HARDWARE).read_text()).get("environment")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+_TRUE = ("1", "true", "t", "yes", "y", "on")
+
+
+def _meaning(name: str, value: str | None) -> str | None:
+    """What a variable's value means to jax: a flag's truth (``1`` and ``true`` alike), else the text itself."""
+    if name in ("JAX_ENABLE_X64", "JAX_THREEFRY_PARTITIONABLE"):
+        return None if value is None else str(value.strip().lower() in _TRUE)
+    return value.strip() or None if value is not None else None
+
+
+def check_same_environment(run: str, recorded: dict[str, Any] | None, now: dict[str, str | None]) -> None:
+    """RunDirError when the environment variables that change what a run computes (``now``: their values in this
+    process, ``cli.environment.results_environment``) differ from those ``run`` was trained under (``recorded``,
+    from its ``hardware.json``; None for a run of an earlier ppo-eqx: nothing to compare)."""
+    if not isinstance(recorded, dict):
+        return
+    for name, after in now.items():
+        before = recorded.get(name)
+        if _meaning(name, before) != _meaning(name, after):
+            was = "unset" if before is None else f"{name}={before!r}"
+            is_now = "unset" if after is None else f"{name}={after!r}"
+            advice = f"unset {name}" if before is None else f"set {name}={before!r}"
+            raise RunDirError(
+                f"{run} was trained with {was} and this process has {is_now}, which changes what it computes; "
+                f"{advice} to resume it"
+            )
+
+
+def read_run_config(run_dir: Path, who: str) -> PPOConfig:
+    """The config a run directory was trained with: its ``config.json``, or a run of several agents' ``seeds.json``."""
+    config_path = run_dir / CONFIG
+    if not config_path.exists() and (run_dir / SEEDS_CONFIG).exists():
+        config_path = run_dir / SEEDS_CONFIG
+    try:
+        saved = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise RunDirError(f"{who} {run_dir}: no run there ({config_path} is missing)") from None
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: JSON nested past Python's limit
+        raise RunDirError(f"{who} {run_dir}: cannot read {config_path}: {str(error) or type(error).__name__}") from None
+    if not isinstance(saved, dict):
+        raise RunDirError(f"{who} {run_dir}: {config_path} is not a config")
+    try:
+        return PPOConfig.from_dict(saved)
+    except ValueError as error:
+        raise RunDirError(f"{who} {run_dir}: {config_path}: {error}") from None
