@@ -30,6 +30,16 @@ CASES: dict[str, list[str]] = {
     "cartpole_seeds": [*CARTPOLE, "--checkpoint-every", "3", "--num-seeds", "2"],
     # Two settings in one program: swept hyperparameters are arrays inside the vmapped iteration.
     "cartpole_sweep": [*CARTPOLE, "--checkpoint-every", "5", "--sweep", "learning-rate=0.001,0.00025"],
+    # gymnax's CartPole, its envs inside the program: 10 iterations, 3 of them a dispatch.
+    "gymnax_cartpole": [
+        *CARTPOLE,
+        "--env-backend",
+        "gymnax",
+        "--checkpoint-every",
+        "6",
+        "--iterations-per-dispatch",
+        "3",
+    ],
     # CleanRL's Atari settings, 5 iterations of 1024 steps.
     "breakout": ["--env-id", "Breakout-v5", "--total-timesteps", "5120"],
 }

@@ -5,11 +5,13 @@ import json
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import ppo_eqx.host.rundir as rundir
 from ppo_eqx import ActorCritic, Checkpoint, CheckpointError, PPOConfig
-from ppo_eqx.core.envs import env_spec, segment_env_seeds
+from ppo_eqx.core.envs import EnvSpec, env_spec, segment_env_seeds
+from ppo_eqx.core.state import init_agents
 from ppo_eqx.host import kernel_build
 from ppo_eqx.host.checkpoint import (
     check_same_run,
@@ -20,7 +22,7 @@ from ppo_eqx.host.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from ppo_eqx.host.fresh import init_checkpoint
+from ppo_eqx.host.fresh import fresh_agents, init_checkpoint
 
 from .comparisons import leaves_equal
 
@@ -183,6 +185,37 @@ def test_building_a_model_or_loading_a_checkpoint_starts_no_compiler(tmp_path, m
     model = ActorCritic(atari_spec.obs_shape, atari_spec.num_actions, conv_impl="kernel", key=jax.random.PRNGKey(0))
     loaded = load_checkpoint(read_checkpoint(path), atari, atari_spec, conv_impl="kernel")
     assert model.conv_impl == loaded.model.conv_impl == "kernel"
+
+
+FRESH_CASES = {
+    "vector": (EnvSpec("CartPole-v1", (4,), np.dtype(np.float32), 2, "vector"), {}),
+    "grid, gymnax-blines' init": (
+        EnvSpec("Breakout-MinAtar", (10, 10, 4), np.dtype(np.float32), 3, "grid"),
+        {"network_init": "gymnax-blines"},
+    ),
+    "frames": (EnvSpec("Breakout-v5", (4, 84, 84), np.dtype(np.uint8), 4, "frames"), {"seed": 7}),
+}
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", sorted(FRESH_CASES))
+def test_one_agent_computed_as_one_program_is_the_bits_of_each_operation_run_alone(case):
+    """A fresh run's agent is computed in one compiled program (a short run's start); its result is the one of
+    running ``init_agents`` operation by operation, bit for bit (NaN where NaN: episode statistics start so)."""
+    spec, changes = FRESH_CASES[case]
+    config = CARTPOLE.replace(**changes).validate()
+    alone = init_agents(
+        spec,
+        config.agent_hyperparameters(),
+        config.seed,
+        num_envs=config.num_envs,
+        sizes=config.sizes,
+        conv_impl="matmul",
+        network_init=config.network_init,  # type: ignore[arg-type]
+    )
+    together = fresh_agents(config, spec, conv_impl="matmul")
+    pairs = zip(jax.tree.leaves(alone), jax.tree.leaves(together), strict=True)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True) and a.dtype == b.dtype for a, b in pairs)
 
 
 @pytest.mark.unit

@@ -105,6 +105,10 @@ def test_a_step_is_gymnax_own_step_with_each_envs_key(env_id):
     keys = [jax.random.PRNGKey(s) for s in seeds]
     first = [env.reset(jax.random.split(k)[1], params) for k in keys]
     np.testing.assert_array_equal(pool.first_obs, np.stack([np.asarray(obs) for obs, _ in first]))
+    alone = [jax.tree.leaves(state) for _, state in first]  # the pool resets them in one program
+    for i, leaf in enumerate(jax.tree.leaves(pool.handle.state)):
+        np.testing.assert_array_equal(leaf, np.stack([np.asarray(leaves[i]) for leaves in alone]))
+    np.testing.assert_array_equal(pool.handle.keys, np.stack([jax.random.split(k)[0] for k in keys]))
     assert all(not leaf.weak_type for leaf in jax.tree.leaves(pool.handle))  # a restored state is strong too
     actions = jnp.asarray([0, 1, 1], jnp.int32)
     handle, out = jax.jit(pool.step)(pool.handle, actions)

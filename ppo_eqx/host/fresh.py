@@ -6,27 +6,44 @@ from typing import cast
 
 import equinox as eqx
 import jax.numpy as jnp
+from jaxtyping import Array, Int
 
 from ..config import PPOConfig
 from ..core.envs import EnvBackend, EnvSpec, backend
+from ..core.hyperparameters import AgentHyperparameters
 from ..core.networks import ConvRoute, NetworkInit
 from ..core.state import Checkpoint, init_agents
+from .compiled import own_jit
 from .pools import EnvShare, make_collector, pool_env_seeds
 
 
 def fresh_agents(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> Checkpoint:
     """A fresh run's agents at iteration 0 (``core.state.init_agents``), agent k initialised as the single run of
-    ``config.agent_configs()[k]``, with fresh episode statistics as their ``envs``."""
-    seeds = config.seed if config.num_agents == 1 else jnp.asarray([agent.seed for agent in config.agent_configs()])
-    return init_agents(
-        spec,
-        config.agent_hyperparameters(),
-        seeds,
-        num_envs=config.num_envs,
-        sizes=config.sizes,
-        conv_impl=conv_impl,
-        network_init=cast(NetworkInit, config.network_init),  # validate() allows only NETWORK_INITS
-    )
+    ``config.agent_configs()[k]``, with fresh episode statistics as their ``envs``.
+
+    One agent's are computed as one compiled program, the same bits as its operations run one at a time
+    (``tests/test_checkpoint.py``), where each of a few dozen operations would be compiled on its own first (about
+    a second of a short run's start on a 2-core CPU). Several agents' are computed operation by operation: in one
+    program, their orthogonal initialisations' batched LAPACK QR factorisations can run at the same time, and
+    jaxlib 0.10's CPU LAPACK splits a large batch over XLA's intra-op threads and waits for it from inside one, so
+    that on 2 cores both threads can end up waiting (a deadlock; docs/performance.md). One matrix at a time, as one
+    agent's are, it computes inline."""
+    network_init = cast(NetworkInit, config.network_init)  # validate() allows only NETWORK_INITS
+
+    def fresh(seeds: int | Int[Array, " S"], hyperparameters: AgentHyperparameters) -> Checkpoint:
+        return init_agents(
+            spec,
+            hyperparameters,
+            seeds,
+            num_envs=config.num_envs,
+            sizes=config.sizes,
+            conv_impl=conv_impl,
+            network_init=network_init,
+        )
+
+    if config.num_agents == 1:  # the seed a Python int: fixed in the program, as it is run op by op
+        return own_jit(fresh)(config.seed, config.agent_hyperparameters())
+    return fresh(jnp.asarray([agent.seed for agent in config.agent_configs()]), config.agent_hyperparameters())
 
 
 def init_checkpoint(

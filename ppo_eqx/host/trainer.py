@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 
 from ..config import PPOConfig
 from ..core.collect import Collector
@@ -105,13 +104,13 @@ class Trainer:
         self.conv_impl: ConvRoute = restore.model.conv_impl
         ready(self.conv_impl)
         # The compiled program donates the state it is given: place a copy, so that ``restore`` stays the caller's.
-        own: Checkpoint = jax.tree.map(lambda x: jnp.copy(x) if eqx.is_array(x) else x, restore)
+        own: Checkpoint = jax.tree.map(_copy, restore)
         self.iteration = int(own.iteration)
         self._segment = self._make_segment(self.iteration)
         placed = self.placement.place(own, self._segment.collector, config.agent_hyperparameters())
         self.state = self._segment.program.prime(placed)
-        # The state's shapes and dtypes in arrays that are never donated: later segments compile against it.
-        self._example = jax.tree.map(lambda x: jnp.zeros_like(x) if eqx.is_array(x) else x, self.state)
+        # The state's shapes, dtypes and shardings in arrays that are never donated: later segments compile against it.
+        self._example = jax.tree.map(_copy, self.state)
         self._prefetch = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ppo-eqx-envs")
         self._next: concurrent.futures.Future[_Segment] | None = None
         self._prepare_after(self.iteration)
@@ -196,3 +195,9 @@ class Trainer:
             self._next.cancel()
             self._next = None
         self._prefetch.shutdown(wait=True)
+
+
+def _copy(x: Any) -> Any:
+    """An array's copy in buffers of its own, on its devices (a transfer, where ``jnp.copy`` would compile a
+    program for each shape: a dozen of them at a run's start); anything else as it is."""
+    return jax.device_put(x, may_alias=False) if eqx.is_array(x) else x

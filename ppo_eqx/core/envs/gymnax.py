@@ -85,7 +85,8 @@ def _env(env_id: str) -> tuple[Any, Any]:
     if not isinstance(env_id, str) or env_id not in SUPPORTED:
         allowed = ", ".join(SUPPORTED)
         raise ConfigError(f"env_id={env_id!r} is not a gymnax task this backend trains; allowed: {allowed}")
-    return gymnax.make(env_id)
+    with jax.ensure_compile_time_eval():  # the arrays gymnax makes with an env are values, even inside a trace
+        return gymnax.make(env_id)
 
 
 @functools.cache
@@ -105,17 +106,22 @@ def _strong(tree: PyTree) -> PyTree:
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.asarray(x).dtype), tree)
 
 
-def env_keys(seeds: Sequence[int]) -> UInt32[Array, "N 2"]:
+def env_keys(seeds: Sequence[int] | UInt32[Array, " N"]) -> UInt32[Array, "N 2"]:
     """Env i's key, ``PRNGKey(seeds[i])``."""
     return jax.vmap(jax.random.PRNGKey)(jnp.asarray(seeds, jnp.uint32))
 
 
-def reset(env_id: str, seeds: Sequence[int]) -> tuple[GymnaxHandle, Array]:
+def reset(env_id: str, seeds: Sequence[int] | UInt32[Array, " N"]) -> tuple[GymnaxHandle, Array]:
     """``len(seeds)`` fresh envs of ``env_id``: their handle and first observations. Pure (traceable)."""
     env, params = _env(env_id)
     split = jax.vmap(jax.random.split)(env_keys(seeds))
     obs, state = jax.vmap(env.reset, in_axes=(0, None))(split[:, 1], params)
     return GymnaxHandle(_strong(state), split[:, 0]), obs.astype(jnp.float32)
+
+
+_reset_program = jax.jit(reset, static_argnums=0)
+"""``reset`` as one program (a pool's start compiles it once, where each of its dozen operations would be compiled on
+its own), the same bits (``tests/test_gymnax.py``)."""
 
 
 def make_step(env_id: str):
@@ -153,7 +159,7 @@ class GymnaxBackend:
     ) -> Pool:
         if render:
             raise ConfigError("gymnax's envs do not render screens here; allowed for videos: --env-backend envpool")
-        handle, first_obs = reset(env_id, seeds)
+        handle, first_obs = _reset_program(env_id, jnp.asarray(seeds, jnp.uint32))
 
         def no_render(i: int) -> np.ndarray:
             raise ConfigError("gymnax's envs do not render screens here")
