@@ -117,11 +117,10 @@ def schedule_small_programs(args: Any) -> str | None:
     ``XLA_FLAGS`` to put back when the command ends (``restore_xla_flags``; None: nothing was changed).
 
     XLA:CPU's concurrency-optimised scheduler spreads independent ops (the actor's and the critic's) over the
-    threads; for ops this small the hand-offs cost more than they overlap. On a 2-core Xeon CartPole-v1's 500k
-    steps ran in 2.7 s instead of 3.6 s with one agent and 5.3 s instead of 6.1 s with two, to the same bits; with
-    four agents (9.3 s against 9.7 s) and MinAtar's 2 x 256 MLPs (12.0 s against 15.6 s) the default is faster
-    (docs/performance.md, "Scheduling small programs"). A user's own XLA_FLAGS that name the scheduler win; a
-    resumed run (its flags are in its run directory, not here) keeps XLA's default.
+    threads; for ops this small the hand-offs cost more than they overlap, to the same bits. With more agents, or
+    MinAtar's 2 x 256 MLPs, the default is faster (the figures: docs/performance.md, "Scheduling small programs").
+    A user's own XLA_FLAGS that name the scheduler win; a resumed run (its flags are in its run directory, not here)
+    keeps XLA's default.
     """
     flags = os.environ.get("XLA_FLAGS")
     if args.command != "train" or args.resume is not None or _backend_started():

@@ -9,7 +9,7 @@ computed in ways that give the same numbers (``conv_impl``):
   convolution gradients run far below its matmul rate and slow down another ten times inside
   ``lax.scan``; matrix products do neither. The frames are folded while still uint8.
 - ``"kernel"``: hand-written CPU kernels (``cpu_kernel``). The first layer reads the uint8 frames and folds
-  them itself (``first_conv``, in about 2/5 of the matmuls' time); the other two read each window straight
+  them itself (``first_conv``, faster than the matmuls: docs/performance.md); the other two read each window straight
   from their input (``conv``), so they compute exactly the layers' products, where the matmul route computes
   23-29% more and relayouts around each product. Layers the kernels do not take fall back to "matmul".
 A model is built with its route and never chooses one itself: ``PPOConfig.conv_impl``'s "auto" is resolved once,
@@ -115,7 +115,7 @@ def _shift_sum_forward(z: Float[Array, "B h w k k C"]) -> tuple[Float[Array, "B 
 
 def _shift_sum_backward(k: int, dy: Float[Array, "B oh ow C"]) -> tuple[Float[Array, "B h w k k C"]]:
     # The cotangent of each shifted slice is dy padded back into place. Stacking the k*k pads writes the
-    # result once; autodiff's default (a sum of k*k zero-padded full-size arrays) runs ~30% slower on CPU.
+    # result once; autodiff's default (a sum of k*k zero-padded full-size arrays) writes it k*k times.
     def pad(a: int, b: int) -> Float[Array, "B h w C"]:
         return jnp.pad(dy, ((0, 0), (a, k - 1 - a), (b, k - 1 - b), (0, 0)))
 

@@ -22,8 +22,8 @@ def fresh_agents(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> C
     ``config.agent_configs()[k]``, with fresh episode statistics as their ``envs``.
 
     One agent's are computed as one compiled program, the same bits as its operations run one at a time
-    (``tests/test_checkpoint.py``), where each of a few dozen operations would be compiled on its own first (about
-    a second of a short run's start on a 2-core CPU). Several agents' are computed operation by operation: in one
+    (``tests/test_checkpoint.py``), where each of a few dozen operations would be compiled on its own first (a short
+    run's start: docs/performance.md). Several agents' are computed operation by operation: in one
     program, their orthogonal initialisations' batched LAPACK QR factorisations can run at the same time, and
     jaxlib 0.10's CPU LAPACK splits a large batch over XLA's intra-op threads and waits for it from inside one, so
     that on 2 cores both threads can end up waiting (a deadlock; docs/performance.md). One matrix at a time, as one

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 
 from ..config import PPOConfig
 from ..core.collect import Collector
@@ -198,6 +199,11 @@ class Trainer:
 
 
 def _copy(x: Any) -> Any:
-    """An array's copy in buffers of its own, on its devices (a transfer, where ``jnp.copy`` would compile a
-    program for each shape: a dozen of them at a run's start); anything else as it is."""
-    return jax.device_put(x, may_alias=False) if eqx.is_array(x) else x
+    """An array's copy in buffers of its own, on its devices and as it is laid out there (a transfer, where
+    ``jnp.copy`` would compile a program for each shape: a dozen of them at a run's start); anything else as it is.
+    An array that spans several processes, whose devices this one cannot all reach, is copied by a program."""
+    if not eqx.is_array(x):
+        return x
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return jnp.copy(x)
+    return jax.device_put(x, x.sharding if isinstance(x, jax.Array) else None, may_alias=False)
