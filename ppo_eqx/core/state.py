@@ -52,7 +52,7 @@ class Checkpoint(eqx.Module):
 def init_agents(
     spec: EnvSpec,
     hyperparameters: AgentHyperparameters,
-    seeds: int | Int[Array, " S"],
+    seeds: int | Int[Array, ""] | Int[Array, " S"],
     *,
     num_envs: int,
     sizes: Sizes,
@@ -62,7 +62,8 @@ def init_agents(
     """A fresh run's model, optimizer state, key and episode statistics (as ``envs``), at iteration 0: agent k's
     from ``PRNGKey(seeds[k])`` and its ``hyperparameters``, the model's layers started as ``network_init`` says,
     each stacked over a leading ``S`` axis when ``sizes.num_agents`` > 1 (``eqx.filter_vmap`` over the agents);
-    one agent's, unstacked, otherwise."""
+    one agent's, unstacked, otherwise (its seed an int, or a scalar int32 array: ``PRNGKey`` of either is the same).
+    """
 
     def init(
         seed: int | Int[Array, ""], agent: AgentHyperparameters

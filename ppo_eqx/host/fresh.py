@@ -2,6 +2,7 @@
 (``init_checkpoint``), which loading a checkpoint also builds, without running anything, as the tree its arrays
 load into (``checkpoint.load_checkpoint``)."""
 
+import functools
 from typing import cast
 
 import equinox as eqx
@@ -13,7 +14,8 @@ from ..core.envs import EnvBackend, EnvSpec, backend
 from ..core.hyperparameters import AgentHyperparameters
 from ..core.networks import ConvRoute, NetworkInit
 from ..core.state import Checkpoint, init_agents
-from .compiled import own_jit
+from ..settings import Sizes
+from .compiled import OwnJit, own_jit
 from .pools import EnvShare, make_collector, pool_env_seeds
 
 
@@ -29,21 +31,46 @@ def fresh_agents(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> C
     that on 2 cores both threads can end up waiting (a deadlock; docs/performance.md). One matrix at a time, as one
     agent's are, it computes inline."""
     network_init = cast(NetworkInit, config.network_init)  # validate() allows only NETWORK_INITS
+    hyperparameters = config.agent_hyperparameters()
+    if config.num_agents == 1:
+        program = _one_agent_program(spec, config.num_envs, config.sizes, conv_impl, network_init)
+        return program(jnp.asarray(config.seed, jnp.int32), hyperparameters)
+    seeds = jnp.asarray([agent.seed for agent in config.agent_configs()])
+    return init_agents(
+        spec,
+        hyperparameters,
+        seeds,
+        num_envs=config.num_envs,
+        sizes=config.sizes,
+        conv_impl=conv_impl,
+        network_init=network_init,
+    )
 
-    def fresh(seeds: int | Int[Array, " S"], hyperparameters: AgentHyperparameters) -> Checkpoint:
+
+ONE_AGENT_PROGRAMS = 8
+"""How many one-agent initialisation programs a process keeps (each a few memory maps: ``host.compiled``)."""
+
+
+@functools.lru_cache(maxsize=ONE_AGENT_PROGRAMS)
+def _one_agent_program(
+    spec: EnvSpec, num_envs: int, sizes: Sizes, conv_impl: ConvRoute, network_init: NetworkInit
+) -> OwnJit:
+    """One agent's fresh state as a program of its seed (an int32 array: ``PRNGKey`` of it is ``PRNGKey`` of the
+    int) and hyperparameters, kept for the next trainer of a model like it in this process (a notebook, a test
+    run), which would otherwise compile it again."""
+
+    def fresh(seed: Int[Array, ""], hyperparameters: AgentHyperparameters) -> Checkpoint:
         return init_agents(
             spec,
             hyperparameters,
-            seeds,
-            num_envs=config.num_envs,
-            sizes=config.sizes,
+            seed,
+            num_envs=num_envs,
+            sizes=sizes,
             conv_impl=conv_impl,
             network_init=network_init,
         )
 
-    if config.num_agents == 1:  # the seed a Python int: fixed in the program, as it is run op by op
-        return own_jit(fresh)(config.seed, config.agent_hyperparameters())
-    return fresh(jnp.asarray([agent.seed for agent in config.agent_configs()]), config.agent_hyperparameters())
+    return own_jit(fresh)
 
 
 def init_checkpoint(
