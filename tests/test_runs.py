@@ -73,6 +73,22 @@ def test_a_finished_run_has_its_checkpoints_and_nothing_to_resume(finished_run, 
     assert snapshot(run_dir) == before
 
 
+def test_a_finished_run_is_said_before_a_device_is_joined(finished_run, tmp_path, monkeypatch, capsys):
+    """A finished run's ``--resume`` says so at once: joining devices, checking memory or resolving the
+    convolutions' route (which for ``conv_impl="kernel"`` may build the kernel) would be work for nothing."""
+    command = importlib.import_module("ppo_eqx.cli.train_command")
+
+    def not_now(*args, **kwargs):
+        raise AssertionError("a finished run joined devices or resolved a route")
+
+    monkeypatch.setattr(command, "start_processes", not_now)
+    monkeypatch.setattr(command, "_on_these_devices", not_now)
+    run_dir = copy_run(finished_run, tmp_path)
+    capsys.readouterr()
+    assert resume(run_dir) == 0
+    assert "finished at iteration 4; nothing to resume" in capsys.readouterr().out
+
+
 def break_run(run_dir, how: str) -> None:
     checkpoints = run_dir / "checkpoints"
     newest = checkpoints / "iter_000004.eqx"

@@ -36,9 +36,11 @@ class Plan(NamedTuple):
         return 0 if self.resume is None else int(self.resume.metadata["iteration"])
 
     @property
-    def finished(self) -> bool:
-        """Whether the run to resume has trained all its iterations."""
-        return self.start_iteration >= self.config.num_iterations
+    def nothing_to_resume(self) -> str | None:
+        """What ``ppo-eqx train`` says of a run to resume that has trained all its iterations; None otherwise."""
+        if self.start_iteration < self.config.num_iterations:
+            return None
+        return f"ppo-eqx: {self.run_dir} finished at iteration {self.start_iteration}; nothing to resume"
 
     @property
     def agent_dirs(self) -> list[Path]:
@@ -85,7 +87,7 @@ def plan_new(args: argparse.Namespace, environment: dict[str, str | None]) -> Pl
 
 def plan_resume(args: argparse.Namespace, environment: dict[str, str | None]) -> Plan:
     """The checked plan of ``--resume RUN_DIR`` in this process's ``environment``: its config and newest
-    checkpoint, read whole and checked (``host.checkpoint.read_run``; its arrays are loaded once the devices are
+    checkpoint, read whole and checked (``host.resume.read_run``; its arrays are loaded once the devices are
     known)."""
     run_dir: Path = args.resume
     given = [flag(name) for name in sorted(_CONFIG_FIELDS) if getattr(args, name) is not None]

@@ -78,20 +78,22 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
     probe.check()
     check_jax_settings()
     plan = _checked_plan(args, results_environment(probe.flags))
+    if plan.nothing_to_resume:  # said before anything is joined, built or taken: the lock file is left as it is too
+        print(plan.nothing_to_resume, flush=True)
+        return 0
     one_process = not (args.distributed or args.coordinator_address)
     mesh = start_processes(args, probe)
     route = _on_these_devices(plan, mesh)
     plan = plan._replace(route=route)
     lock = None
     try:
-        if plan.resume is not None and one_process and not plan.finished:  # a finished run: its lock file is kept
+        if plan.resume is not None and one_process:
             lock = RunLock.take(plan.run_dir, "ppo-eqx train --resume")
-            # Read again under its lock, before its arrays are loaded: it may have gone on.
+            # Read again under its lock, before its arrays are loaded: it may have gone on, to its end too.
             plan = plan._replace(resume=read_run_again(plan.run_dir, "--resume", plan.config, plan.environment))
-        if plan.finished:
-            done = f"finished at iteration {plan.start_iteration}; nothing to resume"
-            print(f"ppo-eqx: {plan.run_dir} {done}", flush=True)
-            return 0
+            if plan.nothing_to_resume:
+                print(plan.nothing_to_resume, flush=True)
+                return 0
         restore = None if plan.resume is None else load_checkpoint(plan.resume, plan.config, plan.spec, conv_impl=route)
         writes = jax.process_index() == 0  # process 0 writes the run directory and prints; all of them train
         plan, lock = _take(plan, args, lock, writes)
