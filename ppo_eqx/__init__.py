@@ -2,16 +2,19 @@
 
 Train and keep the result::
 
-    config = ppo_eqx.PPOConfig(env_id="CartPole-v1", total_timesteps=50_000)
+    config = ppo_eqx.PPOConfig.for_task("CartPole-v1", total_timesteps=50_000)  # CleanRL's ppo.py preset
     with ppo_eqx.Trainer(config) as trainer:
         for record in ppo_eqx.run(trainer):  # one dict per iteration: global_step, episodic_return, loss, ...
             ...
         path = ppo_eqx.save_checkpoint(run_dir, trainer.checkpoint(), config, trainer.spec, keep=3)
 
 Resume with ``Trainer(config, restore=load_checkpoint(read_checkpoint(path), config, spec))``, play with
-``evaluate``. The pure pieces compose without a Trainer: ``init_state`` and ``make_iteration`` (one jittable
-iteration; ``over_iterations``, many in one program), ``sync_collector`` (``jax_env_collector`` for envs written
-in JAX), ``rollout``, ``update``, ``ppo_loss``, ``compute_gae``, ``ActorCritic``. The layout:
+``evaluate``. An env of your own with gymnax's interface goes through the same calls: ``PPOConfig.for_task(env)``,
+``Trainer(config, env=env)``, ``evaluate(..., env=env)`` (``JaxEnv``); a loss of your own through
+``Trainer(config, loss=...)`` (``Loss``). The pure pieces compose without a Trainer: ``init_train_state`` and
+``make_iteration`` (one jittable iteration; ``over_iterations``, many in one program), ``sync_collector``
+(``jax_env_collector`` for envs written in JAX), ``rollout``, ``update``, ``ppo_loss``, ``compute_gae``,
+``ActorCritic``. The layout:
 ``ppo_eqx.core`` the pure functions, ``ppo_eqx.host`` what runs them (trainer, loop, checkpoints), ``ppo_eqx.cli``
 the ``ppo-eqx`` program; everything here is re-exported from there, imported when first used (so that
 ``import ppo_eqx`` and the command line start without jax).
@@ -37,11 +40,13 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .core.envs import env_spec as env_spec
     from .core.envs import make_async_pool as make_async_pool
     from .core.envs import make_pool as make_pool
+    from .core.envs.jax_env import JaxEnv as JaxEnv
     from .core.gae import compute_gae as compute_gae
     from .core.hyperparameters import AgentHyperparameters as AgentHyperparameters
     from .core.iteration import make_iteration as make_iteration
     from .core.iteration import make_prime as make_prime
     from .core.iteration import over_iterations as over_iterations
+    from .core.loss import Loss as Loss
     from .core.loss import model_loss as model_loss
     from .core.loss import ppo_loss as ppo_loss
     from .core.networks import ActorCritic as ActorCritic
@@ -50,6 +55,8 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .core.rollout import rollout as rollout
     from .core.state import Checkpoint as Checkpoint
     from .core.state import TrainState as TrainState
+    from .core.state import init_agents as init_agents
+    from .core.state import init_train_state as init_train_state
     from .core.update import make_optimizer as make_optimizer
     from .core.update import update as update
     from .errors import CheckpointError as CheckpointError

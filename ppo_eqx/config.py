@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, get_args, no_type_check
 
 from .errors import ConfigError, show_value
 from .presets import preset_for
-from .settings import ENV_BACKENDS, FLOAT32_MAX, FieldRange, Hyperparameters, Sizes, config_field
+from .settings import ENV_BACKENDS, FLOAT32_MAX, FieldRange, Hyperparameters, Sizes, config_field, is_import_path
 from .sweeps import NOT_SWEEPABLE, SWEEPABLE, normal_sweep, setting_label
 
 if TYPE_CHECKING:  # the array face imports jax: config.py stays jax-free for the command line's parser
@@ -28,6 +28,10 @@ CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 ROLLOUT_PLACES = ("auto", "device", "host")
 """Where the rollout is compiled (``rollout_on``): resolved at the edge (``host.placement.rollout_place``)."""
 NETWORK_INITS = ("cleanrl", "gymnax-blines")
+LOSSES = ("cleanrl",)
+"""The losses a config names (``core.loss.loss_named``); ``MODULE:ATTRIBUTE`` names a ``Loss`` of the user's."""
+IMPORTABLE = frozenset({"env_backend", "loss"})
+"""The str fields that take ``MODULE:ATTRIBUTE`` (the user's own object) besides their choices."""
 """How a model's layers may start (``core.networks.NetworkInit``, the same names, says what each means)."""
 
 INT32_MAX = 2**31 - 1
@@ -60,8 +64,8 @@ class PPOConfig(Hyperparameters):
     env_id: str = config_field(
         "Breakout-v5",
         "the task, as its env backend names it: EnvPool's or ALE's Atari games (Breakout-v5, ...) and EnvPool's "
-        "CartPole-v1 and others; gymnax's CartPole-v1, Acrobot-v1 and MinAtar games (Breakout-MinAtar, ...) "
-        "(CleanRL's)",
+        "CartPole-v1 and others; gymnax's CartPole-v1, Acrobot-v1 and MinAtar games (Breakout-MinAtar, ...); or "
+        "MODULE:CALLABLE, a function of yours that returns an env with gymnax's interface (CleanRL's)",
     )
     total_timesteps: int = config_field(
         10_000_000, "environment steps of each agent over the whole run (CleanRL's)", within=POSITIVE
@@ -103,8 +107,9 @@ class PPOConfig(Hyperparameters):
     )
     env_backend: str = config_field(
         "envpool",
-        "the library that runs the envs: envpool, ale (pip install 'ppo_eqx[ale]'), or gymnax, whose envs run inside "
-        "the compiled program (pip install 'ppo_eqx[gymnax]') (ppo_eqx's own)",
+        "the library that runs the envs: envpool, ale (pip install 'ppo_eqx[ale]'), gymnax, whose envs run inside "
+        "the compiled program (pip install 'ppo_eqx[gymnax]'), jax (an env of yours with gymnax's interface: the "
+        "default for an --env-id MODULE:CALLABLE), or MODULE:ATTRIBUTE, a backend object of yours (ppo_eqx's own)",
         choices=ENV_BACKENDS,
     )
     bootstrap_truncated: bool = config_field(
@@ -142,6 +147,12 @@ class PPOConfig(Hyperparameters):
         "iterations run as one program before the host reads their metrics, at most: checkpoints, Ctrl-C and the "
         "NaN check act between programs; gymnax's presets run many (ppo_eqx's own)",
         within=POSITIVE,
+    )
+    loss: str = config_field(
+        "cleanrl",
+        "the loss each minibatch step descends: cleanrl (CleanRL's) or MODULE:ATTRIBUTE, a loss of yours with "
+        "ppo_eqx.Loss's signature, whose reported values are logged beside CleanRL's (ppo_eqx's own)",
+        choices=LOSSES,
     )
     sweep: tuple[tuple[str, tuple[Any, ...]], ...] | Mapping[str, Sequence[Any]] = config_field(
         (), "hyperparameters that take several values, one agent per setting (ppo_eqx's own)"
@@ -249,18 +260,29 @@ class PPOConfig(Hyperparameters):
         return config.validate()
 
     @classmethod
-    def for_task(cls, env_id: str, env_backend: str = "envpool", **values: Any) -> "PPOConfig":
+    def for_task(cls, env: Any, env_backend: str | None = None, **values: Any) -> "PPOConfig":
         """The validated config that ``ppo-eqx train --env-backend ENV_BACKEND --env-id ENV_ID`` trains with
         ``values`` as its flags: ``values`` over the task's preset (``preset_for``) over the defaults.
 
+        ``env`` is an env id (``env_backend`` defaults to "jax" for ``MODULE:CALLABLE``, else "envpool"), or an env
+        object with gymnax's interface (``core.envs.jax_env``; its ``JaxEnv``): then ``env_backend`` is "jax" and
+        ``env_id`` the env's name, and the object is passed again to ``Trainer(config, env=env)`` and ``evaluate``.
         Imports jax and the backend (the backend says the task's kind of observation).
         """
         from .core.envs import backend  # jax: the command line's parsing starts without it
+        from .core.envs.jax_env import as_jax_env
 
-        cls.from_dict({"env_id": env_id, "env_backend": env_backend})  # names checked before the backend reads them
-        chosen = backend(env_backend)
-        kind = chosen.spec(env_id).kind
-        task = {"env_id": env_id, "env_backend": env_backend}
+        if isinstance(env, str):
+            env_id, env_backend = env, env_backend or ("jax" if is_import_path(env) else "envpool")
+            task = {"env_id": env_id, "env_backend": env_backend}
+            cls.from_dict(task)  # names checked before the backend reads them
+            chosen = backend(env_backend)
+        else:
+            chosen = as_jax_env(env)
+            if env_backend not in (None, "jax"):
+                raise ConfigError(f"env_backend={env_backend!r} with an env object; allowed: None or 'jax'")
+            task = {"env_id": chosen.env_id, "env_backend": "jax"}
+        kind = chosen.spec(task["env_id"]).kind
         return cls.from_dict({**preset_for(kind, state_is_data=chosen.state_is_data), **values, **task})
 
     def validate(self) -> "PPOConfig":
@@ -353,7 +375,8 @@ def _allowed(kind: object, name: str) -> str:
     if kind is bool:
         return "True or False"
     if name in FIELD_CHOICES:
-        return "one of " + ", ".join(map(repr, FIELD_CHOICES[name]))
+        outside = ", or MODULE:ATTRIBUTE (an object of yours)" if name in IMPORTABLE else ""
+        return "one of " + ", ".join(map(repr, FIELD_CHOICES[name])) + outside
     if kind is str:
         return "a non-empty string"
     low, high, _ = FIELD_RANGES[name]
@@ -386,7 +409,8 @@ def _check_field(name: str, kind: object, value: Any) -> None:
     """Raise ConfigError unless ``value`` is of type ``kind`` and among field ``name``'s allowed values."""
     problem = _type_problem(kind, value)
     if problem is None and name in FIELD_CHOICES and value not in FIELD_CHOICES[name]:
-        problem = "is not a known choice"
+        if not (name in IMPORTABLE and is_import_path(value)):  # an object of the user's
+            problem = "is not a known choice"
     if problem is None and name in FIELD_RANGES:
         low, high, must_be = FIELD_RANGES[name]
         if not low <= value <= high:

@@ -8,6 +8,7 @@ array's shape or a loop's length is ``Sizes``.
 """
 
 import dataclasses
+import re
 from typing import Any, NamedTuple
 
 
@@ -27,9 +28,17 @@ be > 0 must be at least this."""
 PROBABILITY = FieldRange(0.0, 1.0, "in [0, 1]")
 STEP_SIZE = FieldRange(FLOAT32_TINY, FLOAT32_MAX, "> 0")
 WEIGHT = FieldRange(0.0, FLOAT32_MAX, ">= 0")
-ENV_BACKENDS = ("envpool", "ale", "gymnax")
+ENV_BACKENDS = ("envpool", "ale", "gymnax", "jax")
 """The env backends a config may name (``ppo_eqx.core.envs.BACKENDS`` maps each to its module; an import-time
-check ties the two)."""
+check ties the two); besides these, ``MODULE:ATTRIBUTE`` names a backend object of the user's (``is_import_path``)."""
+IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
+"""``MODULE:ATTRIBUTE``: how a config names an env maker (``env_id``) or a backend object (``env_backend``) of the
+user's, imported when the run starts."""
+
+
+def is_import_path(text: object) -> bool:
+    """Whether ``text`` reads as ``MODULE:ATTRIBUTE``."""
+    return isinstance(text, str) and IMPORT_PATH.fullmatch(text) is not None
 
 
 def config_field(

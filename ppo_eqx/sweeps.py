@@ -32,6 +32,7 @@ NOT_SWEEPABLE: dict[str, str] = {
     "num_threads": "changes how the envs are stepped, not the results",
     "thread_affinity_offset": "changes where the envs are stepped, not the results",
     "iterations_per_dispatch": "changes the program, not the results",
+    "loss": "changes the program's update",
     "sweep": "is the sweep itself",
 }
 """Why each other field cannot be swept in one program: it is swept by separate runs instead."""

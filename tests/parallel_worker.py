@@ -24,12 +24,19 @@ with install_import_hook("ppo_eqx", "beartype.beartype"):  # as pytest's --jaxty
     import jax
     import jax.numpy as jnp
 
+    import ppo_eqx
     from ppo_eqx import ActorCritic, AgentHyperparameters, Batch, PPOConfig, make_optimizer, update
     from ppo_eqx.core.sharded import make_mesh, replicate, shard_batch, sharded_update
+    from tests.user_env import kl_penalty
+
+LOSSES = {"kl": kl_penalty(0.5)}
+"""The cases that descend a loss of the user's (CleanRL's plus a KL penalty, of the minibatch's statistics as
+CleanRL's is: the mesh must compute what one device computes for it)."""
 
 CONFIG = PPOConfig(num_minibatches=2, update_epochs=2, clip_vloss=True)
 """The update's settings: 2 epochs of 2 minibatches, CleanRL's coefficients, the value loss clipped."""
-CASES = {"mlp": ((4,), 2, (4, 16)), "cnn": ((4, 84, 84), 4, (4, 8))}  # obs shape, actions, [T, N]
+CASES = {"mlp": ((4,), 2, (4, 16)), "cnn": ((4, 84, 84), 4, (4, 8)), "kl": ((4,), 2, (4, 16))}
+"""Each case's obs shape, actions and ``[T, N]``; "kl" is "mlp" descending a loss of the user's (``LOSSES``)."""
 
 
 def make_batch(obs_shape: tuple[int, ...], num_actions: int, size: tuple[int, ...], seed: int = 0) -> Batch:
@@ -60,12 +67,13 @@ def run(case: str, *, process_envs: slice | None) -> dict[str, Any]:
 
     local = jax.local_devices()[0]
     on_local = lambda tree: jax.device_put(tree, local)  # noqa: E731
-    reference = eqx.filter_jit(lambda m, o, b, h, k: update(m, o, b, h, sizes=sizes, key=k))
+    loss = LOSSES.get(case, ppo_eqx.model_loss)
+    reference = eqx.filter_jit(lambda m, o, b, h, k: update(m, o, b, h, sizes=sizes, loss=loss, key=k))
     ref_model, _, ref_infos = reference(*map(on_local, (model, opt_state, flat(batch), settings, key)))
 
     mesh = make_mesh()
     own = batch if process_envs is None else jax.tree.map(lambda x: x[:, process_envs], batch)
-    sharded = eqx.filter_jit(lambda m, o, b, h, k: sharded_update(m, o, b, h, mesh=mesh, sizes=sizes, key=k))
+    sharded = eqx.filter_jit(lambda m, o, b, h, k: sharded_update(m, o, b, h, mesh=mesh, sizes=sizes, loss=loss, key=k))
     got_model, got_opt_state, got_infos = sharded(
         replicate(model, mesh),
         replicate(opt_state, mesh),
@@ -80,7 +88,7 @@ def run(case: str, *, process_envs: slice | None) -> dict[str, Any]:
         read = lambda x: np.asarray(x.addressable_data(0) if name == "got" else x)  # noqa: E731
         for i, leaf in enumerate(jax.tree.leaves(eqx.filter(new_model, eqx.is_array))):
             out[f"{case}/{name}/model/{i}"] = read(leaf)
-        for field, value in infos._asdict().items():
+        for field, value in (infos if isinstance(infos, dict) else infos._asdict()).items():
             out[f"{case}/{name}/info/{field}"] = read(value)
     for i, leaf in enumerate(jax.tree.leaves(got_opt_state)):
         out[f"{case}/got/opt_state/{i}"] = np.asarray(leaf.addressable_data(0))
@@ -101,7 +109,7 @@ def main() -> None:
     mode = sys.argv[1]
     if mode == "devices":
         assert jax.device_count() == 2, jax.devices()
-        results = {**run("mlp", process_envs=None), **run("cnn", process_envs=None)}
+        results = {**run("mlp", process_envs=None), **run("cnn", process_envs=None), **run("kl", process_envs=None)}
         np.savez(sys.argv[2], **results)
         return
     port, process_id, path = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

@@ -102,6 +102,8 @@ def test_two_devices_give_the_one_device_update(tmp_path):
     results = np.load(out)
     assert_same_update(results, "mlp")  # CartPole-shaped: 64 vectors of 4, two 64-64 MLPs
     assert_same_update(results, "cnn")  # Atari-shaped: 32 uint8 frames of 4x84x84, Nature CNN
+    assert_same_update(results, "kl")  # the MLP descending a loss of the user's (tests/user_env.py)
+    assert "kl/got/info/kl_penalty" in results.files
 
 
 @pytest.mark.subprocess

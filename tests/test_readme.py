@@ -1,6 +1,7 @@
 """The README's library example runs as written and does what its comments say."""
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,10 @@ pytestmark = pytest.mark.envpool
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def library_example() -> str:
-    section = README.read_text().split("## Library\n", 1)[1]
+def library_example(heading: str = "Library") -> str:
+    section = README.read_text().split(f"## {heading}\n", 1)[1]
     found = re.search(r"```python\n(.*?)```", section, re.S)
-    assert found is not None, "README's Library section has no python example"
+    assert found is not None, f"README's {heading} section has no python example"
     return found.group(1)
 
 
@@ -29,6 +30,22 @@ def test_the_library_example_trains_saves_resumes_and_plays(tmp_path, monkeypatc
     assert last_iteration == "6"  # resumed at 4, two more
     assert returns.startswith("[") and len(eval(returns)) == 4  # four games played
     assert [p.name for p in (tmp_path / "runs" / "library" / "checkpoints").iterdir()] != []
+
+
+@pytest.mark.unit
+def test_the_your_own_env_example_trains_resumes_and_plays_a_users_env(tmp_path, monkeypatch, capsys):
+    """The README's "Your own env" section, with ``my_envs`` standing for the user's module (tests/user_env.py)."""
+    from . import user_env
+
+    section = README.read_text().split("## Your own env\n", 1)[1].split("\n## ", 1)[0]
+    assert len(section.strip().splitlines()) <= 30
+    monkeypatch.setitem(sys.modules, "my_envs", user_env)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(library_example("Your own env"), str(README), "exec"), {"__name__": "readme"})
+    last_iteration, returns = capsys.readouterr().out.strip().split(" ", 1)
+    assert last_iteration == "4"  # two iterations, saved, and two more after the restore
+    assert len(eval(returns)) == 8
+    assert "ppo-eqx train --env-id my_envs:Corridor" in section
 
 
 @pytest.mark.unit

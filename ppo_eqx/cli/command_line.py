@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..config import FIELD_CHOICES, FIELD_TYPES, INT32_MAX, PPOConfig, flag
+from ..config import FIELD_CHOICES, FIELD_TYPES, IMPORTABLE, INT32_MAX, PPOConfig, flag
 from ..errors import ConfigError, RunDirError, RunError, UsageError
 from ..host.ownership import read_manifest, refuse_if_held, refuse_look_alikes
 from ..host.rundir import CHECKPOINT_DIR, check_output, path_problem
@@ -107,6 +107,8 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             continue
         if field.type is bool:
             kwargs: dict[str, Any] = {"action": argparse.BooleanOptionalAction}
+        elif field.name in IMPORTABLE:  # a name, or MODULE:ATTRIBUTE: PPOConfig checks it
+            kwargs = {"metavar": "{" + ",".join(FIELD_CHOICES[field.name]) + "},MODULE:ATTRIBUTE"}
         elif field.name in FIELD_CHOICES:
             kwargs = {"choices": FIELD_CHOICES[field.name]}
         else:

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from ..config import PPOConfig, flag
 from ..core.envs import EnvBackend, EnvSpec, backend
+from ..core.loss import Loss, loss_named, model_loss
 from ..core.networks import ConvRoute
 from ..errors import ConfigError, UsageError
 from ..host.checkpoint import CheckpointFile
@@ -17,8 +18,8 @@ from ..host.rundir import CONFIG, agent_dirs
 
 class Plan(NamedTuple):
     """A checked request to train, resolved once at the edge and carried: the config, where it is written, what a
-    resume starts from, the env backend and its spec, the environment it computes under, and (once the devices are
-    known) the convolutions' route."""
+    resume starts from, the env backend and its spec, the environment it computes under, the loss, and (once the
+    devices are known) the convolutions' route."""
 
     config: PPOConfig
     run_dir: Path
@@ -30,6 +31,8 @@ class Plan(NamedTuple):
     """The newest checkpoint, read and checked, when resuming."""
     route: ConvRoute | None = None
     """How the convolutions are computed here (``checks.conv_route``), once the devices are joined."""
+    loss: Loss = model_loss
+    """The loss the update descends (``config.loss``, imported at the edge: ``core.loss.loss_named``)."""
 
     @property
     def start_iteration(self) -> int:
@@ -54,8 +57,7 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
         if getattr(args, name, None) is not None:
             raise UsageError(f"{flag(name)} and --sweep {flag(name)[2:]}=... both set {name}; drop one")
     env_id = PPOConfig.env_id if args.env_id is None else args.env_id
-    env_backend_name = PPOConfig.env_backend if args.env_backend is None else args.env_backend
-    config = PPOConfig.for_task(env_id, env_backend_name, **values)
+    config = PPOConfig.for_task(env_id, args.env_backend, **values)  # None: by the id (for_task)
     env_backend = backend(config.env_backend)
     if config.rollout_on == "host" and env_backend.state_is_data:
         raise ConfigError(
@@ -82,7 +84,7 @@ def plan_new(args: argparse.Namespace, environment: dict[str, str | None]) -> Pl
         raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds} and --sweep")
     run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
     chosen = backend(config.env_backend)
-    return Plan(config, run_dir, chosen, chosen.spec(config.env_id), environment)
+    return Plan(config, run_dir, chosen, chosen.spec(config.env_id), environment, loss=loss_named(config.loss))
 
 
 def plan_resume(args: argparse.Namespace, environment: dict[str, str | None]) -> Plan:
@@ -105,4 +107,5 @@ def plan_resume(args: argparse.Namespace, environment: dict[str, str | None]) ->
     if args.track and config.num_agents > 1:
         raise UsageError(f"--track logs one run; {run_dir} trains {config.num_agents} agents")
     chosen = backend(config.env_backend)
-    return Plan(config, run_dir, chosen, chosen.spec(config.env_id), environment, newest)
+    spec, loss = chosen.spec(config.env_id), loss_named(config.loss)
+    return Plan(config, run_dir, chosen, spec, environment, newest, loss=loss)

@@ -193,6 +193,7 @@ class Supervisor:
             env_backend=plan.backend,
             conv_impl=self.conv_impl,
             spec=plan.spec,
+            loss=plan.loss,
         )
         per_dispatch = config.iterations_per_dispatch
         program = "one iteration" if per_dispatch == 1 else f"a program of up to {per_dispatch} iterations"

@@ -29,6 +29,13 @@ TENSORBOARD_TAGS = {
     "approx_kl": "losses/approx_kl",
     "clip_fraction": "losses/clipfrac",
 }
+UNTAGGED = frozenset({"iteration", "global_step", "time_elapsed"})
+"""A record's fields that are not a metric's points (the step, and what the clock says)."""
+
+
+def tensorboard_tag(name: str) -> str:
+    """A metric's TensorBoard tag: CleanRL's, or ``losses/NAME`` for a value that a loss of the user's reports."""
+    return TENSORBOARD_TAGS.get(name, f"losses/{name}")
 
 
 class EventsFile:
@@ -137,9 +144,9 @@ class RunWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         scalars = {
-            tag: record[name]
-            for name, tag in TENSORBOARD_TAGS.items()
-            if isinstance(record.get(name), float | int) and math.isfinite(record[name])
+            tensorboard_tag(name): float(value)
+            for name, value in record.items()
+            if name not in UNTAGGED and isinstance(value, float | int) and math.isfinite(value)
         }
         if self._tensorboard is not None:  # before the row: a row is never without its points
             self._tensorboard.scalars(record["global_step"], scalars)

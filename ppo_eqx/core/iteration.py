@@ -6,17 +6,18 @@ agents (``num_seeds`` seeds of each setting of a sweep) the iteration is one age
 """
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from ._types import Batch, EpisodeStats, LossInfo
+from ._types import Batch, EpisodeStats
 from .checks import typechecked
 from .collect import Carry, Collector
 from .hyperparameters import AgentHyperparameters, Sizes
+from .loss import Loss, model_loss, reported
 from .networks import ActorCritic
 from .state import AgentKeys, TrainState
 from .update import current_learning_rate, update
@@ -56,21 +57,19 @@ def collect(
     return Collected(carry, batch, key, update_key)
 
 
-Update = Callable[
-    [ActorCritic, PyTree, Batch, AgentHyperparameters, PRNGKeyArray], tuple[ActorCritic, PyTree, LossInfo]
-]
+Update = Callable[[ActorCritic, PyTree, Batch, AgentHyperparameters, PRNGKeyArray], tuple[ActorCritic, PyTree, Any]]
 """``update(model, opt_state, batch, hyperparameters, key) -> (model, opt_state, infos)`` on a time-major batch:
-``one_device_update`` or the mesh's sharded update."""
+``one_device_update`` or the mesh's sharded update; ``infos`` what the loss reported at every step."""
 
 
-def one_device_update(sizes: Sizes) -> Update:
-    """``update`` of the batch flattened to ``[T*N, ...]``."""
+def one_device_update(sizes: Sizes, loss: Loss = model_loss) -> Update:
+    """``update`` (descending ``loss``) of the batch flattened to ``[T*N, ...]``."""
 
     def one_device(
         model: ActorCritic, opt_state: PyTree, batch: Batch, hyperparameters: AgentHyperparameters, key: PRNGKeyArray
-    ) -> tuple[ActorCritic, PyTree, LossInfo]:
+    ) -> tuple[ActorCritic, PyTree, Any]:
         flat = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), batch)
-        return update(model, opt_state, flat, hyperparameters, sizes=sizes, key=key)
+        return update(model, opt_state, flat, hyperparameters, sizes=sizes, loss=loss, key=key)
 
     return one_device
 
@@ -84,20 +83,19 @@ def learn(
     *,
     update: Update,
 ) -> tuple[ActorCritic, PyTree, Metrics]:
-    """The second stage: ``update``, then its metrics (CleanRL's: the learning rate after the update, the last
-    minibatch step's losses, the mean clip fraction) and ``FINITE``."""
+    """The second stage: ``update``, then its metrics (CleanRL's: the learning rate after the update, then every
+    value the loss reported, ``loss_metrics``) and ``FINITE``."""
     model, opt_state, infos = update(model, opt_state, batch, hyperparameters, key)
-    metrics = {
-        "learning_rate": current_learning_rate(opt_state),
-        "loss": infos.loss[-1],
-        "policy_loss": infos.policy_loss[-1],
-        "value_loss": infos.value_loss[-1],
-        "entropy": infos.entropy[-1],
-        "approx_kl": infos.approx_kl[-1],
-        "clip_fraction": infos.clip_fraction.mean(),
-        FINITE: all_finite((model, opt_state)),
-    }
-    return model, opt_state, metrics
+    metrics = {"learning_rate": current_learning_rate(opt_state), **loss_metrics(infos)}
+    return model, opt_state, {**metrics, FINITE: all_finite((model, opt_state))}
+
+
+def loss_metrics(infos: Any) -> Metrics:
+    """What a loss reported at every minibatch step (``core.loss.reported`` of each value ``[E*M]``), as CleanRL
+    reports its losses: the last step's value, and the mean over the steps of ``clip_fraction``."""
+    stacked = infos._asdict() if hasattr(infos, "_asdict") else dict(infos)
+    reported(jax.tree.map(lambda x: x[-1], stacked))  # names and shapes checked, as one step's
+    return {name: value.mean() if name == "clip_fraction" else value[-1] for name, value in stacked.items()}
 
 
 def episode_metrics(stats: EpisodeStats) -> Metrics:
@@ -162,15 +160,15 @@ def over_iterations(iteration: Iteration, length: int) -> Chunk:
 
 
 @typechecked
-def make_iteration(collector: Collector, sizes: Sizes) -> Iteration:
+def make_iteration(collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> Iteration:
     """The pure PPO iteration on one device: ``collect`` (``num_steps`` env steps and GAE), then ``learn``
-    (``update_epochs`` epochs of minibatch steps). Its metrics follow CleanRL's (``learn``, ``episode_metrics``),
-    with ``FINITE`` besides.
+    (``update_epochs`` epochs of minibatch steps on ``loss``, default CleanRL's). Its metrics follow CleanRL's
+    (``learn``, ``episode_metrics``), with ``FINITE`` besides.
 
     With ``sizes.num_agents`` S > 1 the collector is one agent's (``sync_collector(num_agents=S)``) and the
     iteration is that agent's ``vmap``-ed over S (``over_agents``): every metric is ``[S]``.
     """
-    update = one_device_update(sizes)
+    update = one_device_update(sizes, loss)
 
     def collect_stage(state: TrainState) -> Collected:
         return collect(state.model, state.carry, state.key, state.hyperparameters, collector=collector)
@@ -223,9 +221,9 @@ class Stages(NamedTuple):
     learn: Callable[..., tuple[ActorCritic, PyTree, Metrics]]
 
 
-def make_stages(collector: Collector, sizes: Sizes) -> Stages:
+def make_stages(collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> Stages:
     """``make_iteration``'s two stages apart (``Stages``)."""
-    update = one_device_update(sizes)
+    update = one_device_update(sizes, loss)
 
     def collect_stage(
         hyperparameters: AgentHyperparameters, model: ActorCritic, carry: Carry, key: PRNGKeyArray

@@ -1,8 +1,13 @@
-"""The PPO objective: ``ppo_loss`` on arrays, ``model_loss`` on a model and a batch."""
+"""The PPO objective: ``ppo_loss`` on arrays, ``model_loss`` on a model and a batch, and ``Loss``, what any loss
+that the update descends is (``model_loss`` by default; a user's own, reporting values of its own)."""
+
+from collections.abc import Mapping
+from typing import Any, Protocol, cast, runtime_checkable
 
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from ..errors import ConfigError
 from ._types import Batch, LossInfo
 from .checks import one_agent, typechecked
 from .hyperparameters import AgentHyperparameters
@@ -76,3 +81,64 @@ def model_loss(
         batch.returns,
         hyperparameters,
     )
+
+
+@runtime_checkable
+class Loss(Protocol):
+    """What the update descends, one minibatch at a time: ``loss(model, minibatch, hyperparameters, *, prepared)``
+    returns the scalar to minimise and what it reports, a ``LossInfo`` or any NamedTuple or mapping of scalars.
+
+    ``model_loss`` (CleanRL's) is one. ``minibatch`` is a flat ``Batch`` whose observations went through
+    ``model.prepare`` once for all epochs: pass ``prepared`` on to the model (``model(obs, prepared=prepared)``,
+    ``model.evaluate_actions(..., prepared=prepared)``, ``model_loss(..., prepared=prepared)``). Each reported value
+    becomes a metric of its name (metrics.jsonl, TensorBoard's ``losses/NAME``): the last minibatch step's, as
+    CleanRL reports its losses (``clip_fraction``: the mean over the steps). On a mesh each device evaluates the
+    loss on the whole minibatch, so a loss of minibatch statistics computes what one device computes
+    (``core.sharded``). ``hyperparameters`` are the agent's own; a loss's own settings are its closure's.
+    """
+
+    def __call__(
+        self, model: ActorCritic, minibatch: Batch, hyperparameters: AgentHyperparameters, /, *, prepared: bool
+    ) -> tuple[Float[Array, ""], Any]: ...
+
+
+def loss_named(name: str) -> Loss:
+    """The loss a config names (``PPOConfig.loss``): "cleanrl", ``model_loss``; or ``MODULE:ATTRIBUTE``, the
+    user's, imported now (``core.user_code``; ConfigError for anything that goes wrong)."""
+    if name == "cleanrl":
+        return model_loss
+    from .user_code import import_object
+
+    found = import_object(name, "loss")
+    if not callable(found):
+        raise ConfigError(
+            f"loss={name!r} is a {type(found).__name__}, not callable; allowed: a function (ppo_eqx.Loss)"
+        )
+    return cast(Loss, found)
+
+
+def check_loss(loss: Any) -> Loss:
+    """``loss`` if it is callable (its signature is ``Loss``'s); TypeError naming what it is otherwise."""
+    if not callable(loss):
+        raise TypeError(f"loss={loss!r} is not callable; allowed: a function like ppo_eqx.model_loss (ppo_eqx.Loss)")
+    return cast(Loss, loss)
+
+
+RESERVED = frozenset(
+    {"iteration", "global_step", "sps", "time_elapsed", "learning_rate", "episodic_return", "episodic_length", "finite"}
+)
+"""Metric names that are not a loss's to report."""
+
+
+def reported(info: Any) -> dict[str, Array]:
+    """A loss's reported values by name (``LossInfo`` or any NamedTuple's fields, or a mapping's items), each a
+    scalar; ValueError for anything else, or a name that another metric has (``RESERVED``)."""
+    items = info._asdict() if hasattr(info, "_asdict") else dict(info) if isinstance(info, Mapping) else None
+    if items is None:
+        raise ValueError(f"a loss reports a {type(info).__name__}; allowed: a NamedTuple or a mapping of scalars")
+    for name, value in items.items():
+        if not isinstance(name, str) or not name.isidentifier() or name in RESERVED:
+            raise ValueError(f"a loss reports {name!r}; allowed: names that are identifiers, not {sorted(RESERVED)}")
+        if jnp.shape(value) != ():
+            raise ValueError(f"a loss reports {name} of shape {jnp.shape(value)}; allowed: scalars")
+    return {name: jnp.asarray(value, jnp.float32) for name, value in items.items()}

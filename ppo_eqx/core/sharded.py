@@ -20,7 +20,7 @@ from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 
 from ._types import Batch, LossInfo
 from .hyperparameters import AgentHyperparameters, Sizes
-from .loss import normalize_advantages
+from .loss import Loss, model_loss, normalize_advantages
 from .networks import ActorCritic
 from .update import make_optimizer, minibatch_indices, minibatch_steps, params_loss
 
@@ -56,8 +56,9 @@ def sharded_update(
     *,
     mesh: Mesh,
     sizes: Sizes,
+    loss: Loss = model_loss,
     key: PRNGKeyArray,
-) -> tuple[ActorCritic, PyTree, LossInfo]:
+) -> tuple[ActorCritic, PyTree, LossInfo | Any]:
     """``ppo_eqx.core.update.update`` with each minibatch split evenly across the devices of ``mesh``.
 
     ``batch`` is time-major, ``[T, N, ...]`` with its N envs split over the devices (``shard_batch``); it is
@@ -65,7 +66,8 @@ def sharded_update(
     Same results and minibatches (the same permutations of the flattened batch, from ``key``) as ``update``
     on that flat batch; the results are replicated over ``mesh``. ``model``, ``opt_state``, ``hyperparameters``
     and ``key`` are replicated (``replicate``). N and the minibatch size must be multiples of the number of
-    devices. How each device gets there: ``_local_update``.
+    devices. How each device gets there: ``_local_update``; with a ``loss`` other than CleanRL's
+    (``model_loss``), ``_whole_minibatch_update``.
     """
     (axis,) = mesh.axis_names
     num_shards = mesh.shape[axis]
@@ -80,7 +82,10 @@ def sharded_update(
         num_steps * num_envs, num_minibatches=sizes.num_minibatches, update_epochs=sizes.update_epochs, key=key
     )
     indices = _gathered_rows(indices, num_steps, num_envs, num_shards)
-    local_update = _local_update(static, sizes, axis=axis, shard_size=minibatch_size // num_shards)
+    if loss is model_loss:
+        local_update = _local_update(static, sizes, axis=axis, shard_size=minibatch_size // num_shards)
+    else:
+        local_update = _whole_minibatch_update(static, sizes, loss, axis=axis)
     replicated = PartitionSpec()
     params, opt_state, infos = jax.shard_map(
         local_update,
@@ -152,3 +157,33 @@ def _local_update(static: PyTree, sizes: Sizes, *, axis: str, shard_size: int) -
         return params, opt_state, LossInfo(*jax.lax.pmean(stacked, axis))
 
     return local_update
+
+
+def _whole_minibatch_update(static: PyTree, sizes: Sizes, loss: Loss, *, axis: str) -> Callable[..., Any]:
+    """What each device runs under ``shard_map`` for a loss of the user's (``core.loss.Loss``), which may use the
+    minibatch's own statistics (a shard's would differ): every device gathers the whole batch and takes each
+    minibatch step on the whole minibatch, in the one-device update's row order, so that it computes what one
+    device computes (and the same on every device: no collective after the gather). The update's arithmetic is
+    not split: a mesh then speeds up the rollout only."""
+
+    def whole_update(
+        params: PyTree,
+        opt_state: PyTree,
+        shard: Batch,
+        indices: Int[Array, "EM mb"],
+        hyperparameters: AgentHyperparameters,
+    ) -> tuple[PyTree, PyTree, Any]:
+        shard = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), shard)
+        shard = shard._replace(obs=eqx.combine(params, static).prepare(shard.obs))
+        whole = jax.tree.map(lambda x: jax.lax.all_gather(x, axis, tiled=True), shard)
+        return minibatch_steps(
+            params_loss(static, hyperparameters, loss),
+            params,
+            opt_state,
+            whole,
+            indices,
+            optimizer=make_optimizer(hyperparameters, sizes),
+            unroll=sizes.minibatch_unroll,
+        )
+
+    return whole_update

@@ -1,5 +1,6 @@
 """What training threads from one iteration to the next (``TrainState``), what a checkpoint keeps of it
-(``Checkpoint``: the state with what the collector keeps of the envs), and a fresh run's agents (``init_agents``)."""
+(``Checkpoint``: the state with what the collector keeps of the envs), a fresh run's agents (``init_agents``), and
+one fresh agent's whole state from a key (``init_train_state``, for the pure path without a ``Trainer``)."""
 
 import equinox as eqx
 import jax
@@ -7,9 +8,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int, Key, PyTree, UInt32
 
 from ._types import EpisodeStats
-from .collect import Carry
+from .collect import Carry, Collector
 from .envs import EnvSpec
-from .hyperparameters import AgentHyperparameters, Sizes
+from .hyperparameters import AgentHyperparameters, Hyperparameters, Sizes
 from .networks import ActorCritic, ConvRoute, NetworkInit
 from .rollout import init_episode_stats
 from .update import make_optimizer
@@ -68,11 +69,9 @@ def init_agents(
     def init(
         seed: int | Int[Array, ""], agent: AgentHyperparameters
     ) -> tuple[ActorCritic, PyTree, Array, EpisodeStats]:
-        key, model_key = jax.random.split(jax.random.PRNGKey(seed))
-        model = ActorCritic(
-            spec.obs_shape, spec.num_actions, kind=spec.kind, conv_impl=conv_impl, init=network_init, key=model_key
+        model, opt_state, key = fresh_agent(
+            spec, agent, sizes, conv_impl=conv_impl, network_init=network_init, key=jax.random.PRNGKey(seed)
         )
-        opt_state = make_optimizer(agent, sizes).init(eqx.filter(model, eqx.is_array))
         return model, opt_state, key, init_episode_stats(num_envs)
 
     if sizes.num_agents == 1:
@@ -81,3 +80,49 @@ def init_agents(
         init_agent = eqx.filter_vmap(init, in_axes=(0, hyperparameters.axes()))
         model, opt_state, key, stats = init_agent(seeds, hyperparameters)
     return Checkpoint(model, opt_state, key, stats, jnp.zeros((), jnp.int32))
+
+
+def fresh_agent(
+    spec: EnvSpec,
+    hyperparameters: AgentHyperparameters,
+    sizes: Sizes,
+    *,
+    conv_impl: ConvRoute = "xla",
+    network_init: NetworkInit = "cleanrl",
+    key: Key[Array, ""] | UInt32[Array, "2"],
+) -> tuple[ActorCritic, PyTree, Key[Array, ""] | UInt32[Array, "2"]]:
+    """One agent's model (for ``spec``'s observations and actions), its optimizer's state (``make_optimizer``) and
+    the key its run goes on with, from ``key``: split in two, the second half starts the model."""
+    key, model_key = jax.random.split(key)
+    model = ActorCritic(
+        spec.obs_shape, spec.num_actions, kind=spec.kind, conv_impl=conv_impl, init=network_init, key=model_key
+    )
+    opt_state = make_optimizer(hyperparameters, sizes).init(eqx.filter(model, eqx.is_array))
+    return model, opt_state, key
+
+
+def init_train_state(
+    collector: Collector,
+    spec: EnvSpec,
+    hyperparameters: Hyperparameters | AgentHyperparameters,
+    sizes: Sizes,
+    *,
+    num_envs: int,
+    conv_impl: ConvRoute = "xla",
+    network_init: NetworkInit = "cleanrl",
+    key: Key[Array, ""] | UInt32[Array, "2"],
+) -> TrainState:
+    """One fresh agent's training state, ready for ``make_iteration(collector, sizes)``: its model, optimizer state
+    and key (``fresh_agent``), the carry of ``collector``'s ``num_envs`` fresh envs, and ``hyperparameters`` (given
+    as Python values, ``Hyperparameters``, or as arrays). Pure: it composes with the iteration and a
+    ``lax.scan`` in one jitted program (docs/design.md, "The pure functions"). For several agents, ``vmap`` it
+    over their keys (``sizes.num_agents`` stays 1 inside: ``Trainer`` does the rest)."""
+    if sizes.num_agents != 1:
+        raise ValueError(f"init_train_state: sizes.num_agents={sizes.num_agents}; allowed: 1 (vmap for more)")
+    if isinstance(hyperparameters, Hyperparameters):
+        hyperparameters = AgentHyperparameters.of([hyperparameters])
+    model, opt_state, key = fresh_agent(
+        spec, hyperparameters, sizes, conv_impl=conv_impl, network_init=network_init, key=key
+    )
+    carry = collector.carry(init_episode_stats(num_envs))
+    return TrainState(model, opt_state, carry, key, jnp.zeros((), jnp.int32), hyperparameters)

@@ -1,6 +1,7 @@
 """The PPO update: shuffle the batch each epoch, split it into minibatches, one optimizer step per minibatch."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -11,7 +12,7 @@ from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 from ._types import Batch, LossInfo
 from .checks import check_actions, check_fields, one_agent, typechecked
 from .hyperparameters import AgentHyperparameters, Sizes
-from .loss import model_loss
+from .loss import Loss, model_loss
 from .networks import ActorCritic
 
 
@@ -51,15 +52,19 @@ def minibatch_indices(
     return permutations.reshape(update_epochs * num_minibatches, batch_size // num_minibatches)
 
 
-LossFn = Callable[[PyTree, Batch], tuple[Float[Array, ""], LossInfo]]
+LossFn = Callable[[PyTree, Batch], tuple[Float[Array, ""], Any]]
 
 
-def params_loss(static: PyTree, hyperparameters: AgentHyperparameters) -> LossFn:
-    """``model_loss`` as a function of the model's arrays (``static`` is the rest, from ``eqx.partition``), on
-    minibatches whose observations are already ``prepare``d."""
+def params_loss(static: PyTree, hyperparameters: AgentHyperparameters, loss: Loss = model_loss) -> LossFn:
+    """``loss`` as a function of the model's arrays (``static`` is the rest, from ``eqx.partition``), on
+    minibatches whose observations are already ``prepare``d. What it reports has a ``loss``: the scalar it returns,
+    where a mapping it reports has none."""
 
-    def loss_fn(params: PyTree, minibatch: Batch) -> tuple[Float[Array, ""], LossInfo]:
-        return model_loss(eqx.combine(params, static), minibatch, hyperparameters, prepared=True)
+    def loss_fn(params: PyTree, minibatch: Batch) -> tuple[Float[Array, ""], Any]:
+        value, info = loss(eqx.combine(params, static), minibatch, hyperparameters, prepared=True)
+        if isinstance(info, Mapping) and "loss" not in info:
+            info = {"loss": value, **info}
+        return value, info
 
     return loss_fn
 
@@ -75,9 +80,9 @@ def minibatch_steps(
     unroll: int = 1,
     advantages: Float[Array, "EM mb"] | None = None,
     reduce_grads: Callable[[PyTree], PyTree] | None = None,
-) -> tuple[PyTree, PyTree, LossInfo]:
+) -> tuple[PyTree, PyTree, LossInfo | Any]:
     """One optimizer step on ``loss_fn`` per row of ``indices`` (the rows of ``batch`` in that minibatch), in a
-    ``lax.scan`` with ``unroll``. Returns the parameters, optimizer state and every step's diagnostics.
+    ``lax.scan`` with ``unroll``. Returns the parameters, optimizer state and what the loss reported at every step.
 
     ``advantages``, if given, replace each minibatch's own (row k's for step k); ``reduce_grads`` is applied
     to the gradients before the optimizer step (the data-parallel update averages them across devices).
@@ -85,7 +90,7 @@ def minibatch_steps(
 
     def step(
         carry: tuple[PyTree, PyTree], xs: tuple[Int[Array, " mb"], Float[Array, " mb"] | None]
-    ) -> tuple[tuple[PyTree, PyTree], LossInfo]:
+    ) -> tuple[tuple[PyTree, PyTree], LossInfo | Any]:
         params, opt_state = carry
         index, step_advantages = xs
         # The rows are a permutation, always in bounds: "clip" is XLA's own gather, where jnp's default ("fill")
@@ -111,14 +116,16 @@ def update(
     hyperparameters: AgentHyperparameters,
     *,
     sizes: Sizes,
+    loss: Loss = model_loss,
     key: PRNGKeyArray,
-) -> tuple[ActorCritic, PyTree, LossInfo]:
+) -> tuple[ActorCritic, PyTree, LossInfo | Any]:
     """``sizes.update_epochs`` passes over ``batch`` in ``sizes.num_minibatches`` minibatches, one step each of
-    the agent's optimizer (``make_optimizer``) on its loss (``model_loss``), both with ``hyperparameters``.
+    the agent's optimizer (``make_optimizer``) on ``loss`` (default CleanRL's, ``model_loss``; any ``Loss``), both
+    with ``hyperparameters``.
 
-    Returns the new model and optimizer state, and the loss diagnostics of every step, shaped
-    ``[update_epochs * num_minibatches]`` (epoch-major). The steps run in one ``lax.scan`` with
-    ``sizes.minibatch_unroll``.
+    Returns the new model and optimizer state, and what the loss reported at every step (``LossInfo`` for
+    ``model_loss``), each value shaped ``[update_epochs * num_minibatches]`` (epoch-major). The steps run in one
+    ``lax.scan`` with ``sizes.minibatch_unroll``.
     """
     _check_update(model, batch, hyperparameters, sizes)
     # Relayout the observations once for all epochs (a no-op for vector observations).
@@ -128,7 +135,7 @@ def update(
         batch.actions.shape[0], num_minibatches=sizes.num_minibatches, update_epochs=sizes.update_epochs, key=key
     )
     params, opt_state, infos = minibatch_steps(
-        params_loss(static, hyperparameters),
+        params_loss(static, hyperparameters, loss),
         params,
         opt_state,
         batch,

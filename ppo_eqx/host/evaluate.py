@@ -13,6 +13,7 @@ from jaxtyping import PRNGKeyArray
 from ..config import PPOConfig
 from ..core._types import EpisodeStats
 from ..core.envs import EnvSpec, backend, derived_seeds
+from ..core.envs.jax_env import env_backend_of
 from ..core.networks import ActorCritic
 from ..core.rollout import RolloutCarry, init_episode_stats, sample_actions, update_episode_stats
 from .compiled import own_jit
@@ -54,6 +55,7 @@ def evaluate(
     episodes: int,
     greedy: bool = False,
     on_frame: Callable[[np.ndarray], None] | None = None,
+    env: Any = None,
     seed: int,
     key: PRNGKeyArray,
 ) -> Evaluation:
@@ -62,15 +64,17 @@ def evaluate(
     The envs are made as in training (Atari: episodic lives, clipped rewards) but seeded from ``seed`` apart
     from training's; an episode's return is the unclipped score summed until the game is over (all lives
     spent) or truncated, as training's ``episodic_return``. ``on_frame`` receives the screen
-    (``[H, W, 3]`` uint8) before the first step and after every step of env 0's first game.
+    (``[H, W, 3]`` uint8) before the first step and after every step of env 0's first game. ``env`` is the env
+    object a config of ``PPOConfig.for_task(env)`` was made for (as ``Trainer`` takes it).
     """
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes={episodes!r}; allowed: an integer >= 1")
-    check_plays(model, backend(config.env_backend).spec(config.env_id))
+    chosen = backend(config.env_backend) if env is None else env_backend_of(env, config.env_backend)
+    check_plays(model, chosen.spec(config.env_id))
     ready(model.conv_impl)
     num_envs = min(episodes, MAX_ENVS)
     quotas = episode_quotas(episodes, num_envs)
-    pool = backend(config.env_backend).make(config.env_id, eval_env_seeds(seed, num_envs), render=on_frame is not None)
+    pool = chosen.make(config.env_id, eval_env_seeds(seed, num_envs), render=on_frame is not None)
 
     def act(model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Any, EpisodeStats]:
         logits, _ = model(carry.obs)

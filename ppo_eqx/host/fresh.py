@@ -77,11 +77,11 @@ def init_checkpoint(
     config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute, env_backend: EnvBackend | None = None
 ) -> Checkpoint:
     """A fresh run's checkpoint: its agents (``fresh_agents``) with what a checkpoint keeps of its envs, the
-    episode statistics or, where the backend's env state is data (default: ``config.env_backend``'s), the carry of
-    the run's first envs. Under ``eqx.filter_eval_shape`` the "like" tree that a checkpoint loads into (making
-    gymnax's envs is pure: nothing runs)."""
+    episode statistics or, where the backend's env state is data (default: ``spec.source``, the env written in JAX,
+    else ``config.env_backend``'s), the carry of the run's first envs. Under ``eqx.filter_eval_shape`` the "like"
+    tree that a checkpoint loads into (making envs written in JAX is pure: nothing runs)."""
     checkpoint = fresh_agents(config, spec, conv_impl=conv_impl)
-    env_backend = env_backend or backend(config.env_backend)
+    env_backend = env_backend or cast(EnvBackend | None, spec.source) or backend(config.env_backend)
     if not env_backend.state_is_data:
         return checkpoint
     _, collector = make_collector(env_backend, config, pool_env_seeds(config, 0), EnvShare())

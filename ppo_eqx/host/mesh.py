@@ -19,6 +19,7 @@ from ..core.collect import Collector
 from ..core.envs import EnvBackend, backend
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Collected, Metrics, collect, compose, learn
+from ..core.loss import Loss, model_loss
 from ..core.networks import ActorCritic
 from ..core.rollout import fresh_episodes
 from ..core.sharded import replicate, shard_batch, sharded_update
@@ -122,12 +123,12 @@ class MeshPlacement:
         hyperparameters = replicate(hyperparameters, self.mesh)
         return TrainState(model, opt_state, carry, checkpoint.key, checkpoint.iteration, hyperparameters)
 
-    def program(self, collector: Collector, sizes: Sizes) -> "_MeshProgram":
+    def program(self, collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> "_MeshProgram":
         if self._learn is None:
-            self._learn = jax.jit(self._learn_fn(sizes))
+            self._learn = jax.jit(self._learn_fn(sizes, loss))
         return _MeshProgram(self, collector)
 
-    def _learn_fn(self, sizes: Sizes) -> Any:
+    def _learn_fn(self, sizes: Sizes, loss: Loss) -> Any:
         def update(
             model: ActorCritic,
             opt_state: PyTree,
@@ -135,7 +136,9 @@ class MeshPlacement:
             hyperparameters: AgentHyperparameters,
             key: PRNGKeyArray,
         ) -> Any:
-            return sharded_update(model, opt_state, batch, hyperparameters, mesh=self.mesh, sizes=sizes, key=key)
+            return sharded_update(
+                model, opt_state, batch, hyperparameters, mesh=self.mesh, sizes=sizes, loss=loss, key=key
+            )
 
         def learn_arrays(
             params: PyTree, opt_state: PyTree, batch: Batch, hyperparameters: AgentHyperparameters, key: PRNGKeyArray

@@ -13,6 +13,7 @@ from ..core.collect import Collector
 from ..core.envs import EnvSpec
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Metrics, make_iteration, make_prime, over_iterations
+from ..core.loss import Loss, model_loss
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, TrainState
 from ..errors import ConfigError
@@ -43,7 +44,7 @@ class Placement(Protocol):
     def place(
         self, checkpoint: Checkpoint, collector: Collector, hyperparameters: AgentHyperparameters
     ) -> TrainState: ...
-    def program(self, collector: Collector, sizes: Sizes) -> Program: ...
+    def program(self, collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> Program: ...
     def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint: ...
 
 
@@ -51,9 +52,9 @@ class _Jitted:
     """The iteration (or, with ``sizes.iterations_per_dispatch`` K > 1, a chunk of up to K iterations:
     ``over_iterations``) and the priming of one segment, each a program of its own (``own_jit``) traced at most once."""
 
-    def __init__(self, collector: Collector, sizes: Sizes):
+    def __init__(self, collector: Collector, sizes: Sizes, loss: Loss):
         self.length = sizes.iterations_per_dispatch
-        iteration = make_iteration(collector, sizes)
+        iteration = make_iteration(collector, sizes, loss=loss)
         run: Callable[..., tuple[TrainState, Metrics]] = (
             iteration if self.length == 1 else over_iterations(iteration, self.length)
         )
@@ -85,8 +86,8 @@ class OneDevice:
             checkpoint.model, checkpoint.opt_state, carry, checkpoint.key, checkpoint.iteration, hyperparameters
         )
 
-    def program(self, collector: Collector, sizes: Sizes) -> Program:
-        return _Jitted(collector, sizes)
+    def program(self, collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> Program:
+        return _Jitted(collector, sizes, loss)
 
     def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint:
         return Checkpoint(state.model, state.opt_state, state.key, collector.save(state.carry), state.iteration)

@@ -18,6 +18,7 @@ from jax import Device
 from ..core.collect import Collector
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Metrics, make_stages
+from ..core.loss import Loss, model_loss
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, TrainState
 from .compiled import own_jit
@@ -44,8 +45,8 @@ class SplitPlacement:
         key = jax.device_put(checkpoint.key, self.rollout_device)
         return TrainState(model, opt_state, carry, key, iteration, hyperparameters)
 
-    def program(self, collector: Collector, sizes: Sizes) -> "_SplitProgram":
-        return _SplitProgram(self, collector, sizes)
+    def program(self, collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> "_SplitProgram":
+        return _SplitProgram(self, collector, sizes, loss)
 
     def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint:
         return Checkpoint(state.model, state.opt_state, state.key, collector.save(state.carry), state.iteration)
@@ -57,9 +58,9 @@ class _SplitProgram:
 
     length = 1
 
-    def __init__(self, placement: SplitPlacement, collector: Collector, sizes: Sizes):
+    def __init__(self, placement: SplitPlacement, collector: Collector, sizes: Sizes, loss: Loss):
         self.placement, self.collector, self.sizes = placement, collector, sizes
-        self._stages = make_stages(collector, sizes)
+        self._stages = make_stages(collector, sizes, loss=loss)
         # What each program reuses: the carry and the key (collect, prime), the model, optimizer state, batch and
         # key (learn); never the model's copy for the rollout, which is the model itself where both devices are one.
         self._collect = own_jit(self._stages.collect, donate=(2, 3))

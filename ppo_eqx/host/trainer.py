@@ -25,7 +25,9 @@ import jax.numpy as jnp
 from ..config import PPOConfig
 from ..core.collect import Collector
 from ..core.envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend
+from ..core.envs.jax_env import env_backend_of
 from ..core.iteration import Metrics
+from ..core.loss import Loss, check_loss, loss_named
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
 from .conv_route import ready, resolve_conv_impl_for
@@ -80,9 +82,13 @@ class Trainer:
     ``trainer.conv_impl`` is what the model computes. ``placement`` says
     where the iteration runs (default: what ``config.rollout_on`` asks for, ``placement_for``: ``OneDevice()``, or
     ``split.SplitPlacement`` with the rollout on the host's CPU; ``mesh.MeshPlacement`` for devices and hosts);
-    ``env_backend`` makes the envs (default: ``config.env_backend``'s) and ``spec`` is theirs (default: the backend's
-    spec of ``config.env_id``: a caller that resolved both once passes them in). Use it as a context manager, or
-    call ``close()`` when done.
+    ``env`` is an env object of the user's with gymnax's interface (or gymnax's ``(env, params)``, or a ``JaxEnv``:
+    ``core.envs.jax_env``), for a config of ``PPOConfig.for_task(env)``; else ``env_backend`` makes the envs (default:
+    ``config.env_backend``'s). ``spec`` is theirs (default: the backend's spec of ``config.env_id``: a caller that
+    resolved both once passes them in). ``loss`` is the loss each minibatch step descends (``core.loss.Loss``;
+    default: the one ``config.loss`` names, CleanRL's ``model_loss`` unless it names one of the user's): the values
+    it reports are metrics. Use it as a context manager, or call
+    ``close()`` when done.
     """
 
     def __init__(
@@ -94,9 +100,14 @@ class Trainer:
         env_backend: EnvBackend | None = None,
         conv_impl: ConvRoute | None = None,
         spec: EnvSpec | None = None,
+        env: Any = None,
+        loss: Loss | None = None,
     ):
         self.config = config.validate()
-        self.backend = env_backend or backend(config.env_backend)
+        self.loss = loss_named(config.loss) if loss is None else check_loss(loss)
+        if env_backend is None:
+            env_backend = backend(config.env_backend) if env is None else env_backend_of(env, config.env_backend)
+        self.backend = env_backend
         self.spec: EnvSpec = spec or self.backend.spec(config.env_id)
         self.placement = placement or placement_for(config, self.spec, state_is_data=self.backend.state_is_data)
         if restore is None:
@@ -130,7 +141,7 @@ class Trainer:
         if share.count is not None:
             seeds = seeds[share.first : share.first + share.count]
         pool, collector = make_collector(self.backend, self.config, seeds, share)
-        program = program or self.placement.program(collector, self.config.sizes)
+        program = program or self.placement.program(collector, self.config.sizes, loss=self.loss)
         return _Segment(start, pool, collector, program)
 
     def _make_compiled_segment(self, start: int) -> _Segment:

@@ -5,7 +5,9 @@ steps all of them at once through a pure, jittable ``step(handle, actions) -> (h
 ``AsyncPool`` (where the backend has one) receives and sends R of them at a time. Each backend lives in a
 module of its own, the only one that imports its library; ``backend(name)`` imports it on first use.
 ``envpool`` (``ppo_eqx.core.envs.envpool``, the default), ``ale`` (``ppo_eqx.core.envs.ale``, ALE's own vector env)
-and ``gymnax`` (``ppo_eqx.core.envs.gymnax``, envs written in JAX, whose state is data: ``EnvBackend.state_is_data``).
+``gymnax`` (``ppo_eqx.core.envs.gymnax``, envs written in JAX, whose state is data: ``EnvBackend.state_is_data``)
+and ``jax`` (``ppo_eqx.core.envs.jax_env``: any env object with gymnax's interface, ``JaxEnv``; by name, the env ids
+``MODULE:CALLABLE``). The names are shortcuts: ``MODULE:ATTRIBUTE`` names a backend object from outside the package.
 """
 
 import importlib
@@ -42,6 +44,7 @@ BACKENDS = {
     "envpool": _Module("ppo_eqx.core.envs.envpool", ("envpool",), "pip install envpool"),
     "ale": _Module("ppo_eqx.core.envs.ale", ("ale_py", "chex", "gymnasium"), "pip install 'ppo_eqx[ale]'"),
     "gymnax": _Module("ppo_eqx.core.envs.gymnax", ("gymnax", "flax"), "pip install 'ppo_eqx[gymnax]'"),
+    "jax": _Module("ppo_eqx.core.envs.jax_env", (), ""),
 }
 """Backend name -> where it lives and what it needs; the names are ``settings.ENV_BACKENDS`` (the jax-free face the
 command line's ``--env-backend`` takes), in its order: the check below keeps the two equal."""
@@ -64,11 +67,17 @@ BACKEND_THREADS = EnvThreads()
 
 
 class EnvSpec(NamedTuple):
+    """What the model and the run need to know of an env: its observations (shape, dtype, ``kind``) and actions."""
+
     env_id: str
     obs_shape: tuple[int, ...]
     obs_dtype: np.dtype
     num_actions: int
     kind: ObsKind
+    source: Any = None
+    """The env written in JAX that this spec is of (its ``JaxEnv``): it makes the envs again where a config's
+    ``env_backend`` name cannot (an env object of the user's), and a checkpoint of their state loads into the tree it
+    makes. None for host backends (EnvPool, ALE)."""
 
 
 class Pool(NamedTuple):
@@ -141,7 +150,10 @@ class EnvBackend(Protocol):
 
 
 def backend(name: str) -> EnvBackend:
-    """The backend called ``name`` (its module imported now); ConfigError for an unknown or missing one."""
+    """The backend called ``name`` (its module imported now), or the object ``MODULE:ATTRIBUTE`` names (a backend
+    of the user's: docs/design.md, "A backend"); ConfigError for an unknown or missing one."""
+    if isinstance(name, str) and ":" in name:
+        return _outside_backend(name)
     if name not in BACKENDS:
         raise ConfigError(f"env backend {name!r} is unknown; allowed: {', '.join(sorted(BACKENDS))}")
     where = BACKENDS[name]
@@ -153,6 +165,20 @@ def backend(name: str) -> EnvBackend:
             raise
         raise ConfigError(f"env backend {name!r} is not installed (no module {missing!r}); {where.install}") from None
     return module.BACKEND
+
+
+def _outside_backend(path: str) -> EnvBackend:
+    from ..user_code import import_object
+
+    found = import_object(path, "env_backend")
+    if not isinstance(found, EnvBackend):
+        missing = [name for name in ("name", "rebinds", "has_async", "state_is_data", "spec", "make", "make_async")
+                   if not hasattr(found, name)]  # fmt: skip
+        raise ConfigError(
+            f"env_backend={path!r} is a {type(found).__name__} without {', '.join(missing)}; allowed: an object "
+            "with EnvBackend's attributes (ppo_eqx.EnvBackend)"
+        )
+    return found
 
 
 def derived_seeds(seed: int, stream: int, num_envs: int) -> list[int]:
