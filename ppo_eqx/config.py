@@ -10,6 +10,7 @@ allows besides its type (a range or choices).
 import dataclasses
 import itertools
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args, no_type_check
 
@@ -273,7 +274,9 @@ class PPOConfig(Hyperparameters):
         from .core.envs.jax_env import as_jax_env
 
         if isinstance(env, str):
-            env_id, env_backend = env, env_backend or ("jax" if is_import_path(env) else "envpool")
+            env_id = env
+            if env_backend is None:
+                env_backend = "jax" if is_import_path(env) else "envpool"
             task = {"env_id": env_id, "env_backend": env_backend}
             cls.from_dict(task)  # names checked before the backend reads them
             chosen = backend(env_backend)
@@ -447,12 +450,26 @@ def check_sweep(sweep: Any) -> None:
         repeated = [value for i, value in enumerate(values) if value in values[:i]]
         if repeated:
             raise ConfigError(f"sweep of {name}: {show_value(repeated[0])} given twice; allowed: distinct values")
+        same = [(a, b) for i, b in enumerate(values) for a in values[:i] if _float32(a) == _float32(b)]
+        if same:
+            a, b = same[0]
+            raise ConfigError(
+                f"sweep of {name}: {show_value(a)} and {show_value(b)} are the same float32 number, which the agents "
+                "compute with; allowed: values that differ in float32"
+            )
     if sweep and math.prod(len(values) for _, values in sweep) == 1:
         setting = ", ".join(f"{name}={show_value(values[0])}" for name, values in sweep)
         raise ConfigError(
             f"sweep of one setting ({setting}) is no sweep; allowed: two or more values of a name (one value is "
             "set as the field itself)"
         )
+
+
+def _float32(value: Any) -> Any:
+    """``value`` rounded to float32, as the agents' arrays hold it (a bool as it is)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 SweepPairs = Sequence[tuple[str, Sequence[Any]]]

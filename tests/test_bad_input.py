@@ -513,10 +513,8 @@ def test_a_full_disk_under_metrics_jsonl_stops_with_one_line(tmp_path, capsys, m
         def __getattr__(self, name):
             return getattr(self.file, name)
 
-    def open_metrics(path, *args, **kwargs):
-        return FillsAfterOneRow(open(path, *args, **kwargs))
-
-    monkeypatch.setattr(writers, "open", open_metrics, raising=False)
+    real_open = writers.open_appending
+    monkeypatch.setattr(writers, "open_appending", lambda fd: FillsAfterOneRow(real_open(fd)))
     run = tmp_path / "run"
     capsys.readouterr()
     code = main(["train", *FOUR_ITERATIONS, *QUIET, "--checkpoint-every", "1", "--run-dir", str(run)])

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-import ppo_eqx.host.rundir as rundir
+import ppo_eqx.host.run_directory as run_directory
 from ppo_eqx import PPOConfig
 from ppo_eqx.cli import main
 from ppo_eqx.core.envs import env_spec
@@ -158,17 +158,18 @@ def test_resume_flags_that_contradict_the_run_are_refused(finished_run, tmp_path
 
 def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(finished_run, tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "run"
-    real_write = rundir._write_all
+    real_write = run_directory._write_all
     calls = []
 
     def disk_fills_at_the_second_checkpoint(fd, data):
-        calls.append(len(data)) if data[:1] != b"{" else None  # not the JSON files: the checkpoints' arrays
-        if data[:1] != b"{" and len(calls) == 2:  # the second checkpoint's arrays
+        arrays = data[:1] not in (b"{", b"[")  # not the JSON files, nor the manifest's lines: a checkpoint's arrays
+        calls.append(len(data)) if arrays else None
+        if arrays and len(calls) == 2:  # the second checkpoint's arrays
             real_write(fd, data[: len(data) // 3])
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_write(fd, data)
 
-    monkeypatch.setattr(rundir, "_write_all", disk_fills_at_the_second_checkpoint)
+    monkeypatch.setattr(run_directory, "_write_all", disk_fills_at_the_second_checkpoint)
     capsys.readouterr()
     assert train(run_dir) == 1
     line = error_line(capsys)
@@ -195,9 +196,9 @@ def test_non_finite_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tm
     real_update = iteration_module.update
     steps_of_3 = 3 * 4 * 4  # the optimizer's count after iteration 3: 4 epochs of 4 minibatches each
 
-    def poisoned_at_iteration_3(model, opt_state, batch, hyperparameters, *, sizes, key):
+    def poisoned_at_iteration_3(model, opt_state, batch, hyperparameters, *, sizes, loss, key):
         """The update, whose model comes out of iteration 3 with a NaN (its last step's loss still finite)."""
-        model, opt_state, infos = real_update(model, opt_state, batch, hyperparameters, sizes=sizes, key=key)
+        model, opt_state, infos = real_update(model, opt_state, batch, hyperparameters, sizes=sizes, loss=loss, key=key)
         bias = model.critic.layers[-1].bias
         bias = iteration_module.jnp.where(opt_state[1].count == steps_of_3, iteration_module.jnp.nan, bias)
         return iteration_module.eqx.tree_at(lambda m: m.critic.layers[-1].bias, model, bias), opt_state, infos

@@ -9,16 +9,17 @@ from collections.abc import Sequence
 
 
 def entry_point() -> None:
-    """``ppo-eqx``: Ctrl-C and SIGTERM are handled first (``interrupts.EARLY``), then the command runs."""
-    from .interrupts import EARLY
+    """``ppo-eqx``: Ctrl-C and the other stopping signals are handled first (``interrupts.EARLY``), then the command
+    runs."""
+    from .interrupts import EARLY, SIGNALS
 
     EARLY.install()
     from .command_line import main
 
     code = main()
     # A Ctrl-C from here on would interrupt jax's exit hooks with a traceback: the run is over, ignore it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     sys.exit(code)
 
 

@@ -127,8 +127,8 @@ def _add_run_flags(train: argparse.ArgumentParser) -> None:
         help="continue the run in RUN_DIR from its newest checkpoint, with its own config",
     )  # fmt: skip
     train.add_argument(
-        "--keep-checkpoints", type=_int_in(1, INT32_MAX), default=3, metavar="N",
-        help="newest checkpoints to keep (default: 3)",
+        "--keep-checkpoints", type=_int_in(1, INT32_MAX), default=None, metavar="N",
+        help="newest checkpoints to keep (default: 3; a resumed run keeps the number it was started with)",
     )  # fmt: skip
     train.add_argument("--no-tensorboard", action="store_true", help="do not write TensorBoard event files")
     train.add_argument("--no-progress", action="store_true", help="print one line per iteration, no progress bar")

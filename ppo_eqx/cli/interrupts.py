@@ -1,6 +1,6 @@
-"""Ctrl-C and SIGTERM from the first moment of ``ppo-eqx``: installed by ``entry_point`` before anything heavy is
-imported, a handler that never raises (a KeyboardInterrupt raised inside an import, a compile or one of jax's
-callbacks prints a traceback, or is swallowed by a gc callback). No jax here.
+"""Ctrl-C (SIGINT), SIGTERM, SIGHUP and SIGUSR1 from the first moment of ``ppo-eqx``: installed by
+``entry_point`` before anything heavy is imported, a handler that never raises (a KeyboardInterrupt raised inside an
+import, a compile or one of jax's callbacks prints a traceback, or is swallowed by a gc callback). No jax here.
 
 Until a command has something to lose (``EARLY.defer()``), a signal ends the process at once with one line: nothing
 was written. While a command writes what must not be cut short (taking the run directory, eval's results), the
@@ -8,12 +8,16 @@ signal is only recorded, and the command acts on it when it can (``EARLY.pending
 training run then installs its own handler (stop after the iteration under way, with a checkpoint).
 """
 
+import contextlib
 import os
 import signal
 import sys
 from types import FrameType
+from typing import Any
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+"""What stops a run as Ctrl-C does: SIGHUP (a closed terminal or ssh session) and SIGUSR1 too, whose default would
+end the process with nothing said (a ``.eqx`` written without its ``.json``)."""
 
 
 def exit_status(signum: int) -> int:
@@ -50,3 +54,19 @@ class EarlyStop:
 
 
 EARLY = EarlyStop()
+
+
+def say(line: str, *, stream: Any = None) -> None:
+    """Print ``line`` (to stdout by default) and flush it. Output that fails (a closed pipe: ``ppo-eqx train | head``,
+    a full disk under a redirect) never stops training: that stream is pointed at ``/dev/null`` from then on (so that
+    Python's flush at exit finds nothing to complain of), and what was said is in the run's files."""
+    stream = stream or sys.stdout
+    if stream is None:  # no stdout at all (pythonw)
+        return
+    try:
+        print(line, file=stream, flush=True)
+    except (OSError, ValueError):  # BrokenPipeError, ENOSPC; ValueError: a stream already closed
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)

@@ -21,23 +21,28 @@ from tqdm import tqdm
 from ..config import PPOConfig
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
-from ..errors import NonFiniteError, RunError
-from ..host.checkpoint import checkpoint_name, save_checkpoint
+from ..errors import NonFiniteError, RunDirError, RunError
+from ..host.checkpoint import save_checkpoint
 from ..host.conv_route import auto_note
 from ..host.loop import run_agents
 from ..host.mesh import MeshPlacement, any_process
-from ..host.ownership import Manifest, never_trained
+from ..host.ownership import never_trained
 from ..host.placement import placement_for, rollout_record
-from ..host.rundir import CHECKPOINT_DIR, METRICS, SUMMARY, truncate_metrics
+from ..host.run_directory import RunDirectory
+from ..host.rundir import METRICS, SUMMARY, checked_metrics
 from ..host.trainer import Trainer
 from .hardware import hardware_info
-from .interrupts import EARLY, exit_status
+from .interrupts import EARLY, SIGNALS, exit_status, say
 from .plan import Plan
 from .writers import RunWriter, start_wandb
 
+MOVED = "moved"
+"""The stop request of a run whose directory's path no longer leads to it (``RunDirectory.in_place``)."""
+
 
 class _StopRequest:
-    """Ctrl-C or SIGTERM asks the loop to stop after the iteration under way; a second one stops at once."""
+    """Ctrl-C (or SIGTERM, SIGHUP, SIGUSR1) asks the loop to stop after the iteration under way; a second one stops
+    at once."""
 
     def __init__(self) -> None:
         self.signal: str | None = None
@@ -70,10 +75,15 @@ class RunOptions:
     wandb_entity: str | None = None
 
     @classmethod
-    def of(cls, args: argparse.Namespace) -> "RunOptions":
-        """The options that ``train``'s flags give (``command_line``'s run flags)."""
+    def of(cls, args: argparse.Namespace, resumed: dict[str, Any] | None = None) -> "RunOptions":
+        """The options that ``train``'s flags give (``command_line``'s run flags); a resumed run (``resumed``: its
+        newest checkpoint's metadata) keeps the ``--keep-checkpoints`` it was started with unless the flag is given."""
+        keep = args.keep_checkpoints
+        if keep is None and resumed is not None:
+            saved = resumed.get("keep_checkpoints")
+            keep = saved if isinstance(saved, int) and not isinstance(saved, bool) and 1 <= saved <= 2**31 - 1 else None
         return cls(
-            keep_checkpoints=args.keep_checkpoints,
+            keep_checkpoints=keep or cls.keep_checkpoints,
             tensorboard=not args.no_tensorboard,
             progress=not args.no_progress,
             track=args.track,
@@ -89,10 +99,21 @@ class Supervisor:
     Ctrl-C) is a ``RunError`` (one line), with everything written before it intact.
     """
 
-    def __init__(self, options: RunOptions, plan: Plan, mesh: Mesh | None, writes: bool, restore: Checkpoint | None):
+    def __init__(
+        self,
+        options: RunOptions,
+        plan: Plan,
+        mesh: Mesh | None,
+        restore: Checkpoint | None,
+        directory: RunDirectory | None,
+    ):
         if plan.route is None:
             raise ValueError("the plan's convolution route is resolved before a run is supervised")
-        self.options, self.plan, self.mesh, self.writes, self.restore = options, plan, mesh, writes, restore
+        self.options, self.plan, self.mesh, self.restore = options, plan, mesh, restore
+        self.directory = directory
+        """The run directory, through which every write goes (process 0's; None in the others, which write nothing)."""
+        self.writes = directory is not None
+        self.agents: list[RunDirectory] = []
         self.config = plan.config
         self.conv_impl: ConvRoute = plan.route
         self.writers: list[RunWriter] = []
@@ -112,7 +133,7 @@ class Supervisor:
 
     def say(self, line: str) -> None:
         if self.writes:
-            print(line, flush=True)
+            say(line)
 
     def run(self) -> int:
         stopped = EARLY.pending()  # while the run directory was taken
@@ -139,7 +160,7 @@ class Supervisor:
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
-        previous = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, self.stop) for sig in SIGNALS}
         try:
             yield
         finally:
@@ -159,11 +180,16 @@ class Supervisor:
 
     def _open(self) -> None:
         plan, config = self.plan, self.config
+        if self.directory is not None:
+            names = config.agent_names()
+            self.agents = [self.directory] if len(names) == 1 else [self.directory.child(name) for name in names]
         if plan.resume is not None:
             kept = 0
-            for agent_dir in plan.agent_dirs if self.writes else []:
-                kept = truncate_metrics(agent_dir / METRICS, plan.start_iteration)
-                (agent_dir / SUMMARY).unlink(missing_ok=True)
+            for agent, agent_dir in zip(self.agents, plan.agent_dirs, strict=False):
+                rows = checked_metrics(agent_dir / METRICS, plan.start_iteration)
+                agent.write(METRICS, "".join(rows).encode())
+                agent.delete(SUMMARY)
+                kept = len(rows)
             self.say(f"ppo-eqx: resuming {plan.run_dir} from {plan.resume.path.name} ({kept} rows of metrics kept)")
         devices = "" if self.mesh is None else f" ({self.mesh.size} devices, {jax.process_count()} processes)"
         hardware = hardware_info(self.conv_impl)  # with the route the convolutions take here
@@ -203,18 +229,18 @@ class Supervisor:
         options, plan, config = self.options, self.plan, self.config
         resume_step = None if plan.resume is None else plan.start_iteration * config.batch_size
         writers = []
-        for agent_dir, agent in zip(plan.agent_dirs, config.agent_configs(), strict=True):
+        for directory, agent in zip(self.agents, config.agent_configs(), strict=True):
             wandb_run = None
             if options.track:
                 try:
                     wandb_run = start_wandb(
-                        plan.run_dir, config, project=options.wandb_project_name, entity=options.wandb_entity
+                        directory, config, project=options.wandb_project_name, entity=options.wandb_entity
                     )
                 except Exception as error:  # W&B's own errors (network, login) are of many types
                     raise RunError(f"--track: Weights & Biases refused the run: {str(error).splitlines()[0]}") from None
             writers.append(
                 RunWriter(
-                    agent_dir,
+                    directory,
                     agent,
                     hardware,
                     tensorboard=options.tensorboard,
@@ -253,6 +279,8 @@ class Supervisor:
 
     def _write(self, records: list[dict[str, Any]]) -> None:
         self.records = records
+        if self.directory is not None and not self.directory.in_place():  # moved, or its link repointed
+            self.stop.signal = self.stop.signal or MOVED
         try:
             for writer, record in zip(self.writers, records, strict=bool(self.writers)):
                 writer.write(record)
@@ -289,10 +317,9 @@ class Supervisor:
         bar.set_postfix(sps=f"{sps:.0f}", ret=f"{_mean_return(records):.1f}")
         if not self.options.progress and self.writes:
             left = (config.num_iterations - record["iteration"]) * config.batch_size / record["sps"]
-            print(
+            say(
                 f"step {record['global_step']} sps {sps:.0f} episodic_return {_mean_return(records):.2f} "
-                f"time left {_format_eta(left)}",
-                flush=True,
+                f"time left {_format_eta(left)}"
             )
 
     def _boundary(self, iteration: int) -> bool:
@@ -324,39 +351,45 @@ class Supervisor:
 
     def _save(self, iteration: int, reason: str) -> None:
         checkpoint = self.trainer.checkpoint()  # collective: every process takes part
-        if not self.writes:
+        if self.directory is None:
             return
         elapsed = self.records[0]["time_elapsed"]
-        name = f"{CHECKPOINT_DIR}/{checkpoint_name(iteration)}"
         try:
-            Manifest(self.plan.run_dir).add_all(
-                [("dir", CHECKPOINT_DIR), ("file", f"{name}.eqx"), ("file", f"{name}.json")]
-            )
             self.last_checkpoint = save_checkpoint(
-                self.plan.run_dir,
+                self.directory,
                 checkpoint,
                 self.config,
                 self.trainer.spec,
                 keep=self.options.keep_checkpoints,
-                extra={"reason": reason, "time_elapsed": elapsed},
+                extra={"reason": reason, "time_elapsed": elapsed, "keep_checkpoints": self.options.keep_checkpoints},
             )
-        except OSError as error:
+        except (OSError, RunDirError) as error:
+            why = getattr(error, "strerror", None) or str(error)
             raise RunError(
-                f"could not write the checkpoint of iteration {iteration} in {self.plan.run_dir}: "
-                f"{error.strerror or error}; {self._kept().replace('last', 'previous')}"
+                f"could not write the checkpoint of iteration {iteration} in {self.plan.run_dir}: {why}; "
+                f"{self._kept().replace('last', 'previous')}"
             ) from None
+        if self.stop.signal == MOVED:  # where the directory is now: the checkpoint is there
+            self.last_checkpoint = Path(self.directory.where()) / self.last_checkpoint.relative_to(self.plan.run_dir)
 
     def _end(self) -> int:
         records, config = self.records, self.config
+        if self.stop.signal == MOVED and self.directory is not None:
+            iteration = records[0]["iteration"] if records else self.plan.start_iteration
+            raise RunError(
+                f"{self.plan.run_dir} no longer leads to this run's directory (moved, or its link repointed, while it "
+                f"trained); stopped after iteration {iteration} with checkpoint {self.last_checkpoint}; continue "
+                f"with: ppo-eqx train --resume {self.directory.where()}"
+            )
         if self.stop.signal:
             if self.writes:
                 iteration = records[0]["iteration"] if records else self.plan.start_iteration
-                print(
+                say(
                     f"ppo-eqx: stopped by {self.stop.signal} after iteration {iteration}; checkpoint "
                     f"{self.last_checkpoint}; continue with: ppo-eqx train --resume {self.plan.run_dir}",
-                    file=sys.stderr,
+                    stream=sys.stderr,
                 )
-            return exit_status(signal.SIGINT if self.stop.signal == "SIGINT" else signal.SIGTERM)
+            return exit_status(getattr(signal, self.stop.signal, signal.SIGTERM))
         try:
             for writer in self.writers:
                 writer.close()  # TensorBoard's thread writes what it holds and ends: its errors are recorded now
@@ -380,6 +413,9 @@ class Supervisor:
         for writer in self.writers:
             with contextlib.suppress(OSError):
                 writer.close()
+        for agent in self.agents:
+            if agent is not self.directory:
+                agent.close()
 
 
 def _route(hardware: dict[str, Any]) -> str:

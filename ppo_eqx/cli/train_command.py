@@ -17,15 +17,11 @@ from ..core.networks import ConvRoute
 from ..core.sharded import make_mesh
 from ..errors import RunDirError, RunError, UsageError
 from ..host.checkpoint import load_checkpoint
+from ..host.lock import RunLock, refuse_if_held
 from ..host.mesh import any_process, check_mesh_config
-from ..host.ownership import (
-    RunLock,
-    adopt_legacy_run,
-    check_run_dirs,
-    refuse_if_held,
-    take_new_run,
-)
+from ..host.ownership import check_resumed_dirs, check_run_dirs, take_new_run
 from ..host.resume import read_run_again
+from ..host.run_directory import RunDirectory
 from ..host.rundir import free_name
 from .checks import check_addresses, check_memory, check_wandb_names, conv_route, require
 from .environment import (
@@ -34,7 +30,7 @@ from .environment import (
     check_jax_settings,
     results_environment,
 )
-from .interrupts import EARLY
+from .interrupts import EARLY, say
 from .plan import Plan, plan_new, plan_resume
 from .supervisor import RunOptions, Supervisor
 
@@ -85,7 +81,7 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
     mesh = start_processes(args, probe)
     route = _on_these_devices(plan, mesh)
     plan = plan._replace(route=route)
-    lock = None
+    lock, directory = None, None
     try:
         if plan.resume is not None and one_process:
             lock = RunLock.take(plan.run_dir, "ppo-eqx train --resume")
@@ -96,9 +92,12 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
                 return 0
         restore = None if plan.resume is None else load_checkpoint(plan.resume, plan.config, plan.spec, conv_impl=route)
         writes = jax.process_index() == 0  # process 0 writes the run directory and prints; all of them train
-        plan, lock = _take(plan, args, lock, writes)
-        return Supervisor(RunOptions.of(args), plan, mesh, writes, restore).run()
+        plan, lock, directory = _take(plan, args, lock, writes)
+        options = RunOptions.of(args, None if plan.resume is None else plan.resume.metadata)
+        return Supervisor(options, plan, mesh, restore, directory).run()
     finally:
+        if directory is not None:
+            directory.close()
         if lock is not None:
             lock.release()
 
@@ -126,23 +125,28 @@ def _on_these_devices(plan: Plan, mesh: Mesh | None) -> ConvRoute:
     return route
 
 
-def _take(plan: Plan, args: argparse.Namespace, lock: RunLock | None, writes: bool) -> tuple[Plan, RunLock | None]:
+def _take(
+    plan: Plan, args: argparse.Namespace, lock: RunLock | None, writes: bool
+) -> tuple[Plan, RunLock | None, RunDirectory | None]:
     """Process 0 takes the run directory (a new run's made, locked, checked again under the lock and cleared by
-    ``--overwrite``; a resumed one's locked and, if an earlier ppo-eqx wrote it, given its manifest); every process
-    learns whether it was refused, so that none trains (and waits on process 0) when it was."""
+    ``--overwrite``; a resumed one's locked and checked: ``check_resumed_dirs``) and returns it as the one owner of
+    every write (``RunDirectory``, pinned to what the lock holds); every process learns whether it was refused, so
+    that none trains (and waits on process 0) when it was."""
     refused: Exception | None = None
+    directory = None
     if writes:
         try:
             if plan.resume is None:
-                plan, lock = _take_new(plan, args)
+                plan, lock, directory = _take_new(plan, args)
             else:
                 lock = lock or RunLock.take(plan.run_dir, "ppo-eqx train --resume")
-                adopt_legacy_run(plan.run_dir)
+                check_resumed_dirs(plan.run_dir, _agent_dirs(plan))
+                directory = RunDirectory(plan.run_dir, lock.directory_fd())
         except RunDirError as error:
             refused = error
     if any_process(refused is not None):
         raise refused or RunError(f"process 0 refused --run-dir {plan.run_dir}; its output says why")
-    return plan, lock
+    return plan, lock, directory
 
 
 def _agent_dirs(plan: Plan) -> list[Path]:
@@ -150,7 +154,7 @@ def _agent_dirs(plan: Plan) -> list[Path]:
     return plan.agent_dirs if plan.config.num_agents > 1 else []
 
 
-def _take_new(plan: Plan, args: argparse.Namespace) -> tuple[Plan, RunLock]:
+def _take_new(plan: Plan, args: argparse.Namespace) -> tuple[Plan, RunLock, RunDirectory]:
     """The new run's directory taken (``take_new_run``: made, locked, checked again under the lock, the old run
     cleared by ``--overwrite`` or by a plain retry of one that never trained, each saying what it deleted and
     kept, the agents' directories made): the plan with the directory taken, and its lock. Every directory it
@@ -161,13 +165,13 @@ def _take_new(plan: Plan, args: argparse.Namespace) -> tuple[Plan, RunLock]:
     run_dir = plan.run_dir if args.run_dir is not None else free_name(plan.run_dir)
     check_run_dirs(run_dir, _agent_dirs(plan._replace(run_dir=run_dir)), args.overwrite)
     EARLY.defer()  # from here on a Ctrl-C is the Supervisor's to act on: the directory changes
-    run_dir, lock = take_new_run(
+    directory, lock = take_new_run(
         plan.run_dir,
         plan.config.agent_names(),
         plan.config.to_dict(),
         overwrite=args.overwrite,
         claim=args.run_dir is None,
         command="ppo-eqx train --overwrite" if args.overwrite else "ppo-eqx train",
-        report=lambda line: print(f"ppo-eqx: {line}", flush=True),
+        report=lambda line: say(f"ppo-eqx: {line}"),
     )
-    return plan._replace(run_dir=run_dir), lock
+    return plan._replace(run_dir=directory.path), lock, directory

@@ -1,6 +1,6 @@
 """What a run writes as it goes: config.json, hardware.json, metrics.jsonl, TensorBoard events, summary.json,
-and an optional Weights & Biases run (file names and layout: ``rundir``), each listed in the run's manifest
-before it is created (``ownership.Manifest``)."""
+and an optional Weights & Biases run (file names and layout: ``rundir``), each through the run directory's one
+owner (``host.run_directory.RunDirectory``: listed in the manifest before it is made, written where the lock holds)."""
 
 import json
 import math
@@ -9,12 +9,11 @@ import socket
 import struct
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from ..config import PPOConfig
-from ..host.ownership import Manifest
-from ..host.rundir import CONFIG, EVAL, HARDWARE, METRICS, SUMMARY, WANDB, write_json
+from ..host.run_directory import RunDirectory
+from ..host.rundir import CONFIG, EVAL, HARDWARE, METRICS, SUMMARY, WANDB
 
 # CleanRL's TensorBoard tags for the metrics it logs.
 TENSORBOARD_TAGS = {
@@ -51,20 +50,15 @@ class EventsFile:
     ``SessionLog.START``).
     """
 
-    def __init__(self, run_dir: Path, manifest: Manifest, *, purge_step: int | None = None):
+    def __init__(self, directory: RunDirectory, *, purge_step: int | None = None):
         from tensorboardX.proto.event_pb2 import Event, SessionLog  # pyright: ignore[reportAttributeAccessIssue]
 
         self._event = Event
         stem = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
-        for n in range(1000):
-            name = stem if n == 0 else f"{stem}.{n}"
-            manifest.add("file", name)
-            try:
-                self._fd = os.open(run_dir / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-                break
-            except FileExistsError:
-                continue
-        self.path = run_dir / name
+        taken = set(directory.names())
+        name = next(name for n in range(10**6) if (name := stem if n == 0 else f"{stem}.{n}") not in taken)
+        self._fd = directory.append(name, new=True)
+        self.path = directory.path / name
         self.write_event(Event(wall_time=time.time(), file_version="brain.Event:2"))
         if purge_step is not None:
             start = SessionLog(status=SessionLog.START)
@@ -100,6 +94,11 @@ class EventsFile:
         os.close(self._fd)
 
 
+def open_appending(fd: int) -> Any:
+    """The text file that appends to ``fd`` (``metrics.jsonl``'s, from the run directory)."""
+    return os.fdopen(fd, "a")
+
+
 def _finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
@@ -115,7 +114,7 @@ class RunWriter:
 
     def __init__(
         self,
-        run_dir: Path,
+        directory: RunDirectory,
         config: PPOConfig,
         hardware: dict[str, Any],
         *,
@@ -123,21 +122,19 @@ class RunWriter:
         resume_step: int | None = None,
         wandb_run: Any = None,
     ):
-        self.run_dir = run_dir
-        self.manifest = Manifest(run_dir)
+        self.directory = directory
         # eval.json is this run's too (``ppo-eqx eval`` writes it here): listed now, as eval never takes the run.
-        self.manifest.add_all(
-            [("file", CONFIG), ("file", HARDWARE), ("file", METRICS), ("file", SUMMARY), ("file", EVAL)]
-        )
-        write_json(run_dir / CONFIG, config.to_dict())
-        if resume_step is None or not (run_dir / HARDWARE).exists():
-            write_json(run_dir / HARDWARE, hardware)
-        self._metrics = open(run_dir / METRICS, "a")
+        for name in (CONFIG, HARDWARE, METRICS, SUMMARY, EVAL):
+            directory.list_entry("file", name)
+        directory.write_json(CONFIG, config.to_dict())
+        if resume_step is None or directory.read(HARDWARE) is None:
+            directory.write_json(HARDWARE, hardware)
+        self._metrics = open_appending(directory.append(METRICS))
         self._tensorboard: EventsFile | None = None
         self._wandb = wandb_run
         if tensorboard:
             purge_step = None if resume_step is None else resume_step + config.batch_size
-            self._tensorboard = EventsFile(run_dir, self.manifest, purge_step=purge_step)
+            self._tensorboard = EventsFile(directory, purge_step=purge_step)
             if resume_step is None:
                 table = "\n".join(f"|{key}|{value}|" for key, value in config.to_dict().items())
                 self._tensorboard.text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
@@ -156,7 +153,7 @@ class RunWriter:
             self._wandb.log({**scalars, "global_step": record["global_step"]}, step=record["global_step"])
 
     def finish(self, summary: dict[str, Any]) -> None:
-        write_json(self.run_dir / SUMMARY, {k: _finite_or_none(v) for k, v in summary.items()})
+        self.directory.write_json(SUMMARY, {k: _finite_or_none(v) for k, v in summary.items()})
 
     def close(self) -> None:
         self._metrics.close()
@@ -166,24 +163,27 @@ class RunWriter:
             self._wandb.finish()
 
 
-def start_wandb(run_dir: Path, config: PPOConfig, *, project: str, entity: str | None) -> Any:
-    """A Weights & Biases run for ``run_dir`` (CleanRL's ``--track``), resumed when the run directory is.
+def start_wandb(directory: RunDirectory, config: PPOConfig, *, project: str, entity: str | None) -> Any:
+    """A Weights & Biases run for ``directory`` (CleanRL's ``--track``), resumed when the run directory is.
 
-    wandb is imported here, only when asked for; the run's id is kept in ``run_dir/wandb.json``, its files in
-    ``run_dir/wandb/``.
+    wandb is imported here, only when asked for; the run's id is kept in ``wandb.json``, its files in ``wandb/``
+    (a tree that W&B fills: listed, and written by W&B itself, where the directory is now).
     """
     import wandb  # pyright: ignore[reportMissingImports]
 
-    Manifest(run_dir).add_all([("file", WANDB), ("tree", "wandb")])
-    id_file = run_dir / WANDB
-    run_id = json.loads(id_file.read_text())["id"] if id_file.exists() else uuid.uuid4().hex[:12]
-    write_json(id_file, {"id": run_id, "project": project, "entity": entity})
+    directory.list_entry("tree", "wandb")
+    saved = directory.read(WANDB)
+    try:
+        run_id = str(json.loads(saved)["id"]) if saved is not None else uuid.uuid4().hex[:12]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        run_id = uuid.uuid4().hex[:12]
+    directory.write_json(WANDB, {"id": run_id, "project": project, "entity": entity})
     return wandb.init(
         project=project,
         entity=entity,
-        name=run_dir.name,
+        name=directory.path.name,
         id=run_id,
         resume="allow",
-        dir=str(run_dir),
+        dir=directory.where(),
         config=config.to_dict(),
     )

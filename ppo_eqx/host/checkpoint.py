@@ -19,14 +19,15 @@ from typing import Any, NamedTuple
 import equinox as eqx
 import jax
 
-from ..config import PPOConfig
+from ..config import INT32_MAX, PPOConfig
 from ..core.envs import EnvSpec
 from ..core.iteration import all_finite
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, show_value
 from .fresh import init_checkpoint
-from .rundir import CHECKPOINT_DIR, CONFIG, json_bytes, write_atomic
+from .run_directory import RunDirectory
+from .rundir import CHECKPOINT_DIR, CONFIG, json_bytes, read_bounded
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"iter_(\d{6,})\.json")
@@ -61,7 +62,7 @@ def _serialise(checkpoint: Checkpoint) -> bytes:
 
 
 def save_checkpoint(
-    run_dir: Path,
+    run_dir: "Path | RunDirectory",
     checkpoint: Checkpoint,
     config: PPOConfig,
     spec: EnvSpec,
@@ -69,8 +70,10 @@ def save_checkpoint(
     keep: int,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``checkpoint`` as ``run_dir/checkpoints/iter_NNNNNN.{eqx,json}``, then delete all but the ``keep``
-    newest. Returns the ``.json`` path. Refuses (FloatingPointError) a model or optimizer state with NaN or inf.
+    """Write ``checkpoint`` as ``run_dir/checkpoints/iter_NNNNNN.{eqx,json}``, listed in the directory's manifest
+    first, then delete all but the ``keep`` newest of the checkpoints that the manifest lists (one it does not list,
+    a user's own, is never deleted). Returns the ``.json`` path. Refuses (FloatingPointError) a model or optimizer
+    state with NaN or inf. ``run_dir`` is a path (the library's: made if missing) or a run's ``RunDirectory``.
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(
@@ -79,9 +82,11 @@ def save_checkpoint(
     _check_fits(checkpoint, config, spec)
     if not bool(all_finite((checkpoint.model, checkpoint.opt_state))):
         raise FloatingPointError(f"refusing to checkpoint non-finite parameters at iteration {checkpoint.iteration}")
+    if not isinstance(run_dir, RunDirectory):
+        with RunDirectory.at(Path(run_dir)) as directory:
+            return save_checkpoint(directory, checkpoint, config, spec, keep=keep, extra=extra)
+    directory = run_dir
     iteration = int(checkpoint.iteration)
-    directory = run_dir / CHECKPOINT_DIR
-    directory.mkdir(parents=True, exist_ok=True)
     data = _serialise(checkpoint)
     name = checkpoint_name(iteration)
     metadata = {
@@ -99,11 +104,11 @@ def save_checkpoint(
         "equinox_version": eqx.__version__,
         **(extra or {}),
     }
-    write_atomic(directory / f"{name}.eqx", data)
-    path = directory / f"{name}.json"
-    write_atomic(path, json_bytes(metadata))
-    _prune(run_dir, keep)
-    return path
+    directory.make_dir(CHECKPOINT_DIR)
+    directory.write(f"{CHECKPOINT_DIR}/{name}.eqx", data)
+    directory.write(f"{CHECKPOINT_DIR}/{name}.json", json_bytes(metadata))
+    _prune(directory, keep, iteration)
+    return directory.path / CHECKPOINT_DIR / f"{name}.json"
 
 
 def _check_fits(checkpoint: Checkpoint, config: PPOConfig, spec: EnvSpec) -> None:
@@ -124,17 +129,24 @@ def _check_fits(checkpoint: Checkpoint, config: PPOConfig, spec: EnvSpec) -> Non
         )
 
 
-def _prune(run_dir: Path, keep: int) -> None:
-    """Delete all but the ``keep`` newest checkpoints (the ``.json`` first: no half-deleted checkpoint is left
-    that looks whole), and ``.eqx`` files whose ``.json`` was never written."""
-    checkpoints = list_checkpoints(run_dir)
-    for path in checkpoints[: max(len(checkpoints) - keep, 0)]:
-        path.unlink(missing_ok=True)
-        path.with_suffix(".eqx").unlink(missing_ok=True)
-    directory = run_dir / CHECKPOINT_DIR
-    for arrays in directory.glob("iter_*.eqx"):
-        if not arrays.with_suffix(".json").exists():
-            arrays.unlink(missing_ok=True)
+def _prune(directory: RunDirectory, keep: int, written: int) -> None:
+    """Delete all but the ``keep`` newest of the checkpoints that ``directory``'s manifest lists (the ``.json``
+    first: no half-deleted checkpoint is left that looks whole), never the one just ``written``; and listed
+    ``.eqx`` files whose ``.json`` is gone."""
+    names = directory.names(CHECKPOINT_DIR)
+    listed = sorted(
+        int(m.group(1))
+        for name in names
+        if (m := _NAME.fullmatch(name)) and directory.listed("file", f"{CHECKPOINT_DIR}/{name}")
+    )
+    others = [i for i in listed if i != written]
+    for iteration in others[: max(len(others) + 1 - keep, 0)]:
+        for suffix in (".json", ".eqx"):
+            directory.delete(f"{CHECKPOINT_DIR}/{checkpoint_name(iteration)}{suffix}")
+    left = set(directory.names(CHECKPOINT_DIR))
+    for name in left:
+        if name.endswith(".eqx") and name.removesuffix(".eqx") + ".json" not in left:
+            directory.delete(f"{CHECKPOINT_DIR}/{name}")
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -153,22 +165,53 @@ def resolve_checkpoint(path: Path) -> Path:
     return path
 
 
+MAX_METADATA_BYTES = 16 * 2**20
+"""A checkpoint's ``.json`` larger than this is not one ppo-eqx wrote (a sweep of 4096 agents writes kilobytes)."""
+MAX_ARRAYS_BYTES = 2**40
+"""The largest ``.eqx`` a checkpoint's metadata may claim (1 TiB)."""
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
 def read_metadata(path: Path) -> dict[str, Any]:
-    """The ``.json`` of a checkpoint, checked for the fields that loading needs."""
+    """The ``.json`` of a checkpoint, read as untrusted input (at most ``MAX_METADATA_BYTES``) and checked for the
+    fields that loading needs: an iteration that a run can reach, arrays named for this very checkpoint (no path
+    elsewhere), their size and hash of the forms ppo-eqx writes."""
     try:
-        metadata = json.loads(path.read_text())
-    except OSError as error:
-        raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        data = read_bounded(path, MAX_METADATA_BYTES, CheckpointError, f"checkpoint {path}")
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} does not exist") from None
+    if len(data) > MAX_METADATA_BYTES:
+        raise CheckpointError(f"checkpoint {path} is damaged: its metadata is over {MAX_METADATA_BYTES} bytes")
+    try:
+        metadata = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise CheckpointError(f"checkpoint {path} is damaged: its metadata is not JSON") from None
     required = ("format_version", "iteration", "config", "arrays", "arrays_bytes", "arrays_sha256")
     if not isinstance(metadata, dict) or any(name not in metadata for name in required):
         raise CheckpointError(f"checkpoint {path} is damaged: its metadata lacks {', '.join(required)}")
     if metadata["format_version"] != FORMAT_VERSION:
         raise CheckpointError(
-            f"checkpoint {path} has format version {metadata['format_version']!r}; this ppo_eqx reads {FORMAT_VERSION}"
+            f"checkpoint {path} has format version {show_value(metadata['format_version'])}; this ppo_eqx reads "
+            f"{FORMAT_VERSION}"
         )
+    problem = _metadata_problem(path, metadata)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
     return metadata
+
+
+def _metadata_problem(path: Path, metadata: dict[str, Any]) -> str | None:
+    """What makes ``metadata`` other than what ppo-eqx writes for the checkpoint ``path``, or None."""
+    iteration, arrays, size = metadata["iteration"], metadata["arrays"], metadata["arrays_bytes"]
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or not 0 <= iteration <= INT32_MAX:
+        return f"its iteration is {show_value(iteration)}; allowed: an integer in 0 .. {INT32_MAX}"
+    if arrays != path.with_suffix(".eqx").name:
+        return f"its arrays are {show_value(arrays)}; allowed: {path.with_suffix('.eqx').name}, beside it"
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_ARRAYS_BYTES:
+        return f"its arrays_bytes is {show_value(size)}; allowed: an integer in 0 .. {MAX_ARRAYS_BYTES}"
+    if not isinstance(metadata["arrays_sha256"], str) or not _SHA256.fullmatch(metadata["arrays_sha256"]):
+        return f"its arrays_sha256 is {show_value(metadata['arrays_sha256'])}; allowed: 64 hexadecimal digits"
+    return None
 
 
 def config_of(file: CheckpointFile) -> PPOConfig:
@@ -215,11 +258,9 @@ def read_arrays(path: Path, metadata: dict[str, Any]) -> bytes:
     """The bytes of a checkpoint's ``.eqx`` file, checked against the size and SHA-256 in its metadata."""
     arrays = path.with_name(metadata["arrays"])
     try:
-        data = arrays.read_bytes()
+        data = read_bounded(arrays, metadata["arrays_bytes"], CheckpointError, f"checkpoint {arrays}")
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} is incomplete: {arrays.name} is missing") from None
-    except OSError as error:
-        raise CheckpointError(f"cannot read checkpoint {arrays}: {error.strerror}") from None
     if len(data) != metadata["arrays_bytes"]:
         raise CheckpointError(
             f"checkpoint {arrays} is truncated or damaged: {len(data)} bytes, {metadata['arrays_bytes']} written"

@@ -68,6 +68,8 @@ def run_agents(
     it may be ahead (``trainer.iteration``): keep iterating to receive those iterations' records. With programs of
     several iterations, ``pause`` is asked at each program's end, and their records come together after it.
     """
+    if trainer.closed:
+        raise RuntimeError("this Trainer is closed (its envs and programs are gone); make a new one")
     config, pause = trainer.config, pause or (lambda iteration: False)
     start = last = time.perf_counter()
     total = config.num_iterations if num_iterations is None else num_iterations

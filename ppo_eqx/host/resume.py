@@ -11,8 +11,11 @@ from typing import Any
 from ..config import PPOConfig
 from ..errors import RunDirError
 from .checkpoint import CheckpointFile, check_same_run, read_checkpoint
-from .ownership import read_manifest
-from .rundir import CONFIG, HARDWARE, METRICS, SEEDS_CONFIG, agent_dirs, checked_metrics
+from .manifest import read_manifest
+from .rundir import CONFIG, HARDWARE, MANIFEST, METRICS, SEEDS_CONFIG, agent_dirs, checked_metrics, read_bounded
+
+MAX_CONFIG_BYTES = 16 * 2**20
+"""A ``config.json`` larger than this is not one ppo-eqx wrote."""
 
 
 def read_run(run_dir: Path, who: str, environment: dict[str, str | None]) -> tuple[PPOConfig, CheckpointFile]:
@@ -21,9 +24,18 @@ def read_run(run_dir: Path, who: str, environment: dict[str, str | None]) -> tup
     ``--overwrite`` refuses it), its config, its newest checkpoint (written by that config), the environment it
     was trained under against this process's (``check_same_environment``), and each agent's history up to that
     checkpoint (``rundir.checked_metrics``)."""
-    read_manifest(run_dir)
+    if read_manifest(run_dir) is None:
+        raise RunDirError(
+            f"{who} {run_dir}: it holds no list of what its run wrote ({MANIFEST}: no run, or one of an earlier "
+            "ppo-eqx), and ppo-eqx writes only where it knows what it wrote; train a new run in another directory"
+        )
     config = read_run_config(run_dir, who)
     newest = read_checkpoint(run_dir)
+    if newest.metadata["iteration"] > config.num_iterations:
+        raise RunDirError(
+            f"{who} {run_dir}: checkpoint {newest.path.name} claims iteration {newest.metadata['iteration']}, past "
+            f"the run's {config.num_iterations}; it is not this run's: move it, or train a new run"
+        )
     if not os.access(run_dir, os.W_OK | os.X_OK):
         raise RunDirError(f"{who} {run_dir} is not writable")
     dirs = agent_dirs(run_dir, config.agent_names())
@@ -85,10 +97,13 @@ def read_run_config(run_dir: Path, who: str) -> PPOConfig:
     if not config_path.exists() and (run_dir / SEEDS_CONFIG).exists():
         config_path = run_dir / SEEDS_CONFIG
     try:
-        saved = json.loads(config_path.read_text())
+        data = read_bounded(config_path, MAX_CONFIG_BYTES, RunDirError, f"{who} {run_dir}: {config_path.name}")
+        if len(data) > MAX_CONFIG_BYTES:
+            raise ValueError(f"it is over {MAX_CONFIG_BYTES} bytes")
+        saved = json.loads(data)
     except FileNotFoundError:
         raise RunDirError(f"{who} {run_dir}: no run there ({config_path} is missing)") from None
-    except (OSError, ValueError, RecursionError) as error:  # RecursionError: JSON nested past Python's limit
+    except (ValueError, RecursionError) as error:  # RecursionError: JSON nested past Python's limit
         raise RunDirError(f"{who} {run_dir}: cannot read {config_path}: {str(error) or type(error).__name__}") from None
     if not isinstance(saved, dict):
         raise RunDirError(f"{who} {run_dir}: {config_path} is not a config")

@@ -28,6 +28,7 @@ import itertools
 import json
 import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,30 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def read_bounded(path: Path, limit: int, error: type[Exception], name: str) -> bytes:
+    """The bytes of the file ``path`` as untrusted input: at most ``limit`` of them plus one (so that a longer file
+    shows as longer: the caller compares), never through a link at its end or from a FIFO; ``error`` naming
+    ``name`` for anything else than a missing file (FileNotFoundError)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as problem:
+        raise error(f"cannot read {name}: {problem.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise error(f"cannot read {name}: it is not a regular file")
+        chunks, left = [], limit + 1
+        while left and (chunk := os.read(fd, min(left, 2**24))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as problem:
+        raise error(f"cannot read {name}: {problem.strerror}") from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def json_bytes(data: Any) -> bytes:

@@ -30,6 +30,7 @@ from ..core.iteration import Metrics
 from ..core.loss import Loss, check_loss, loss_named
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
+from ..errors import ConfigError
 from .conv_route import ready, resolve_conv_impl_for
 from .fresh import init_checkpoint
 from .placement import Placement, Program, placement_for
@@ -113,6 +114,8 @@ class Trainer:
         if restore is None:
             conv_impl = conv_impl or resolve_conv_impl_for(config.conv_impl, self.spec)  # type: ignore[arg-type]
             restore = init_checkpoint(config, self.spec, conv_impl=conv_impl, env_backend=self.backend)
+        else:
+            _check_restore(restore, self.config)
         self.conv_impl: ConvRoute = restore.model.conv_impl
         ready(self.conv_impl)
         # The compiled program donates the state it is given: place a copy, so that ``restore`` stays the caller's.
@@ -123,6 +126,7 @@ class Trainer:
         self.state = self._segment.program.prime(placed)
         # The state's shapes, dtypes and shardings in arrays that are never donated: later segments compile against it.
         self._example = jax.tree.map(_copy, self.state)
+        self._closed = False
         self._prefetch = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ppo-eqx-envs")
         self._next: concurrent.futures.Future[_Segment] | None = None
         self._prepare_after(self.iteration)
@@ -168,6 +172,8 @@ class Trainer:
         """Run the program once (dispatched, not waited for): up to ``iterations_per_dispatch`` iterations, ending
         at the next multiple of ``checkpoint_every`` or at ``until`` (default: the run's end) if sooner; new envs
         after every ``checkpoint_every``-th iteration where the backend has segments."""
+        if self.closed:
+            raise RuntimeError("this Trainer is closed (its envs and programs are gone); make a new one")
         config, program = self.config, self._segment.program
         every, until = config.checkpoint_every, config.num_iterations if until is None else until
         boundary = (self.iteration // every + 1) * every
@@ -194,19 +200,41 @@ class Trainer:
         old.pool.close()
         self._prepare_after(iteration)
 
+    @property
+    def closed(self) -> bool:
+        return getattr(self, "_closed", False)
+
     def checkpoint(self) -> Checkpoint:
         """The state to save now; the next ``dispatch()`` donates its arrays, so save it before."""
         return self.placement.checkpoint(self.state, self._segment.collector)
 
     def close(self) -> None:
         """Wait for the program under way (it steps this trainer's envs, which go with it), stop preparing envs
-        (waiting for a compile under way) and let the worker thread go."""
+        (waiting for a compile under way) and let the worker thread go. A closed trainer dispatches nothing."""
+        self._closed = True
         with contextlib.suppress(RuntimeError):  # a state whose arrays a failed dispatch donated
             jax.block_until_ready(self.state)
         if self._next is not None:
             self._next.cancel()
             self._next = None
         self._prefetch.shutdown(wait=True)
+
+
+def _check_restore(restore: Checkpoint, config: PPOConfig) -> None:
+    """ConfigError unless ``restore`` holds ``config``'s agents and envs (a checkpoint of another run would train
+    with its own number of envs while the records count the config's)."""
+    if not isinstance(restore, Checkpoint):
+        raise TypeError(f"restore={type(restore).__name__}; allowed: a Checkpoint (ppo_eqx.load_checkpoint)")
+    envs = restore.envs
+    stats = getattr(envs, "stats", envs)
+    returns = getattr(stats, "episode_returns", None)
+    want = (config.num_envs,) if config.num_agents == 1 else (config.num_agents, config.num_envs)
+    if returns is None or tuple(returns.shape) != want:
+        shown = "no episode statistics" if returns is None else f"envs of shape {tuple(returns.shape)}"
+        raise ConfigError(
+            f"restore holds {shown}; config's are {want} (num_agents, num_envs); allowed: a checkpoint of this "
+            "config's run (load_checkpoint with it)"
+        )
 
 
 def _copy(x: Any) -> Any:
