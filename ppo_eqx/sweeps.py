@@ -1,5 +1,5 @@
 """What one program may sweep (``PPOConfig.sweep``): the sweepable fields, why each other field is not, a sweep's
-normal form and a setting's name. No jax here; a sweep's check is ``config.check_sweep``, beside the fields'
+normal form and a setting's name. No jax here; a sweep's check is ``validation.check_sweep``, beside the fields'
 types and ranges."""
 
 import dataclasses

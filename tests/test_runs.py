@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-import ppo_eqx.host.run_directory as run_directory
+import ppo_eqx.host.rundir as rundir
 from ppo_eqx import PPOConfig
 from ppo_eqx.cli import main
 from ppo_eqx.core.envs import env_spec
@@ -158,7 +158,7 @@ def test_resume_flags_that_contradict_the_run_are_refused(finished_run, tmp_path
 
 def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(finished_run, tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "run"
-    real_write = run_directory._write_all
+    real_write = rundir._write_all
     calls = []
 
     def disk_fills_at_the_second_checkpoint(fd, data):
@@ -169,7 +169,7 @@ def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(finished_run, t
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_write(fd, data)
 
-    monkeypatch.setattr(run_directory, "_write_all", disk_fills_at_the_second_checkpoint)
+    monkeypatch.setattr(rundir, "_write_all", disk_fills_at_the_second_checkpoint)
     capsys.readouterr()
     assert train(run_dir) == 1
     line = error_line(capsys)

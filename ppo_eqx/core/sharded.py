@@ -132,9 +132,7 @@ def _local_update(static: PyTree, sizes: Sizes, *, axis: str, shard_size: int) -
         indices: Int[Array, "EM mb"],
         hyperparameters: AgentHyperparameters,
     ) -> tuple[PyTree, PyTree, LossInfo]:
-        shard = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), shard)
-        shard = shard._replace(obs=eqx.combine(params, static).prepare(shard.obs))
-        whole = jax.tree.map(lambda x: jax.lax.all_gather(x, axis, tiled=True), shard)
+        whole = _gather_whole(shard, eqx.combine(params, static), axis)
         first = jax.lax.axis_index(axis) * shard_size  # this device's rows of each minibatch
         own = jax.lax.dynamic_slice_in_dim(indices, first, shard_size, axis=1)
         minibatches = jax.vmap(normalize_advantages)(jnp.take(whole.advantages, indices, axis=0))
@@ -159,6 +157,14 @@ def _local_update(static: PyTree, sizes: Sizes, *, axis: str, shard_size: int) -
     return local_update
 
 
+def _gather_whole(shard: Batch, model: ActorCritic, axis: str) -> Batch:
+    """The whole batch on every device: this device's ``[T, n]`` shard flattened, its observations relaid out for
+    ``model`` (``prepare``), gathered over ``axis`` (one ``all_gather`` per field)."""
+    shard = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), shard)
+    shard = shard._replace(obs=model.prepare(shard.obs))
+    return jax.tree.map(lambda x: jax.lax.all_gather(x, axis, tiled=True), shard)
+
+
 def _whole_minibatch_update(static: PyTree, sizes: Sizes, loss: Loss, *, axis: str) -> Callable[..., Any]:
     """What each device runs under ``shard_map`` for a loss of the user's (``core.loss.Loss``), which may use the
     minibatch's own statistics (a shard's would differ): every device gathers the whole batch and takes each
@@ -173,9 +179,7 @@ def _whole_minibatch_update(static: PyTree, sizes: Sizes, loss: Loss, *, axis: s
         indices: Int[Array, "EM mb"],
         hyperparameters: AgentHyperparameters,
     ) -> tuple[PyTree, PyTree, Any]:
-        shard = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), shard)
-        shard = shard._replace(obs=eqx.combine(params, static).prepare(shard.obs))
-        whole = jax.tree.map(lambda x: jax.lax.all_gather(x, axis, tiled=True), shard)
+        whole = _gather_whole(shard, eqx.combine(params, static), axis)
         return minibatch_steps(
             params_loss(static, hyperparameters, loss),
             params,

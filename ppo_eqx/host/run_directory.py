@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import RunDirError
 from .lock import kind_of
 from .manifest import Kind, read_manifest, written_entry
-from .rundir import BOOKKEEPING, MANIFEST, json_bytes
+from .rundir import BOOKKEEPING, MANIFEST, json_bytes, write_whole
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
@@ -145,20 +145,12 @@ class RunDirectory:
         directory fsynced; a failure leaves the old file as it was. A crash leaves the old file or the new one."""
         self.list_entry("file", relative)
         parent, name = self._parent(relative)
-        temporary = temporary_name(name)
-        fd = self._open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, parent, relative)
         try:
-            try:
-                _write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary, dir_fd=parent)
+            write_whole(parent, name, data)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise self._not_followed(relative, stat.S_IFLNK) from None
             raise
-        os.fsync(parent)
 
     def write_json(self, relative: str, data: Any) -> None:
         self.write(relative, json_bytes(data))
@@ -252,12 +244,7 @@ class RunDirectory:
 
     def forget_all(self) -> None:
         """An empty manifest, written whole: what it listed is gone (``ownership.clear_run``)."""
-        fd = self._open(temporary_name(MANIFEST), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._fd)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temporary_name(MANIFEST), MANIFEST, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+        write_whole(self._fd, MANIFEST, b"")
         self._listed.clear()
         self._manifest_own = True
 
@@ -311,14 +298,7 @@ class RunDirectory:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
             with os.fdopen(fd, "rb") as file:
                 data = file.read()
-            temporary = temporary_name(name)
-            copy = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
-            try:
-                _write_all(copy, data)
-                os.fsync(copy)
-            finally:
-                os.close(copy)
-            os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            write_whole(dir_fd, name, data)
         if name == MANIFEST:
             self._manifest_own = True
 

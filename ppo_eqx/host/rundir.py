@@ -23,6 +23,7 @@ A run of several agents (``--num-seeds S``, ``--sweep``) holds ``seeds.json`` (i
 the runs that readers of run directories find.
 """
 
+import contextlib
 import errno
 import itertools
 import json
@@ -89,26 +90,33 @@ def temporary_of(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, fsync it and rename it over ``path``; on any failure
-    remove the temporary file and leave ``path`` as it was. A crash leaves the old file or the new one."""
-    tmp = temporary_of(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def write_whole(dir_fd: int, name: str, data: bytes) -> None:
+    """Write the file ``name`` in the directory ``dir_fd`` whole: ``data`` to its temporary (``.NAME.tmp``, never
+    through a link), fsynced and renamed over it, the directory fsynced; on any failure the temporary is removed and
+    the file left as it was. A crash leaves the old file or the new one."""
+    temporary = f".{name}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
     try:
         try:
             _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=dir_fd)
         raise
-    fd = os.open(path.parent, os.O_RDONLY)
+    os.fsync(dir_fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """``write_whole`` of ``path`` (outside a run: ``ppo-eqx eval``'s results)."""
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
+        write_whole(dir_fd, path.name, data)
     finally:
-        os.close(fd)
+        os.close(dir_fd)
 
 
 def read_bounded(path: Path, limit: int, error: type[Exception], name: str) -> bytes:
