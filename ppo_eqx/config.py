@@ -17,6 +17,7 @@ from .errors import ConfigError, show_value
 from .presets import preset_for
 from .settings import ENV_BACKENDS, FieldRange, Hyperparameters, Sizes, config_field, is_import_path
 from .sweeps import normal_sweep, setting_label
+from .validation import check_field, check_sweep
 
 if TYPE_CHECKING:  # the array face imports jax: config.py stays jax-free for the command line's parser
     from .core.hyperparameters import AgentHyperparameters
@@ -28,11 +29,9 @@ CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 ROLLOUT_PLACES = ("auto", "device", "host")
 """Where the rollout is compiled (``rollout_on``): resolved at the edge (``host.placement.rollout_place``)."""
 NETWORK_INITS = ("cleanrl", "gymnax-blines")
+"""How a model's layers may start (``core.networks.NetworkInit``, the same names, says what each means)."""
 LOSSES = ("cleanrl",)
 """The losses a config names (``core.loss.loss_named``); ``MODULE:ATTRIBUTE`` names a ``Loss`` of the user's."""
-IMPORTABLE = frozenset({"env_backend", "loss"})
-"""The str fields that take ``MODULE:ATTRIBUTE`` (the user's own object) besides their choices."""
-"""How a model's layers may start (``core.networks.NetworkInit``, the same names, says what each means)."""
 
 INT32_MAX = 2**31 - 1
 """The largest count or seed: EnvPool takes int32 seeds, and JAX counts in int32."""
@@ -294,12 +293,11 @@ class PPOConfig(Hyperparameters):
         are ints within int32, floats are finite float32 numbers, strings are not empty) before the settings
         are checked against each other, so that no value of any type raises anything but ConfigError.
         """
-        from .validation import check_field, check_sweep  # below this class: its fields' checks need its fields
-
-        for field in dataclasses.fields(self):
-            if field.name != "sweep":
-                check_field(field.name, field.type, getattr(self, field.name))
-        check_sweep(self.sweep)
+        fields = {field.name: field for field in dataclasses.fields(self)}
+        for name, field in fields.items():
+            if name != "sweep":
+                check_field(field, getattr(self, name))
+        check_sweep(self.sweep, fields)
         if self.num_agents > MAX_AGENTS:  # before anything is computed per agent
             settings = f"{math.prod(len(values) for _, values in self.sweep)} settings x " if self.sweep else ""
             raise ConfigError(

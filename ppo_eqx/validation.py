@@ -1,27 +1,34 @@
-"""The checks of ``PPOConfig``'s fields, one value at a time (``check_field``: its declared type, its range or
-choices) and a sweep's (``check_sweep``), each failure a ConfigError that names the field, the value and what is
-allowed. No jax here (the command line's parser runs them before jax is imported)."""
+"""The checks of a config's fields, one value at a time (``check_field``: the field's declared type, and the range
+or choices its metadata holds: ``settings.config_field``) and a sweep's (``check_sweep``), each failure a ConfigError
+that names the field, the value and what is allowed. They take the fields themselves (``dataclasses.Field``), so
+that ``PPOConfig`` (config.py) calls them without this module knowing it. No jax here (the command line's parser runs
+them before jax is imported)."""
 
+import dataclasses
 import math
 import struct
+from collections.abc import Mapping
 from typing import Any
 
-from .config import FIELD_CHOICES, FIELD_RANGES, FIELD_TYPES, IMPORTABLE
 from .errors import ConfigError, show_value
 from .settings import FLOAT32_MAX, is_import_path
 from .sweeps import NOT_SWEEPABLE, SWEEPABLE
 
+IMPORTABLE = frozenset({"env_backend", "loss"})
+"""The str fields that take ``MODULE:ATTRIBUTE`` (the user's own object) besides their choices."""
 
-def _allowed(kind: object, name: str) -> str:
-    """What field ``name`` of type ``kind`` takes, in words."""
+
+def _allowed(field: dataclasses.Field) -> str:
+    """What ``field`` takes, in words."""
+    kind, choices = field.type, field.metadata["choices"]
     if kind is bool:
         return "True or False"
-    if name in FIELD_CHOICES:
-        outside = ", or MODULE:ATTRIBUTE (an object of yours)" if name in IMPORTABLE else ""
-        return "one of " + ", ".join(map(repr, FIELD_CHOICES[name])) + outside
+    if choices:
+        outside = ", or MODULE:ATTRIBUTE (an object of yours)" if field.name in IMPORTABLE else ""
+        return "one of " + ", ".join(map(repr, choices)) + outside
     if kind is str:
         return "a non-empty string"
-    low, high, _ = FIELD_RANGES[name]
+    low, high, _ = field.metadata["within"]
     if kind is int:
         return f"an integer in {low} .. {high}"
     return f"a number in [{low:.3g}, {high:.3g}] (float32)"
@@ -47,29 +54,31 @@ def _type_problem(kind: object, value: object) -> str | None:
     raise TypeError(f"PPOConfig has a field of type {kind!r} that validate() does not know")
 
 
-def check_field(name: str, kind: object, value: Any) -> None:
-    """Raise ConfigError unless ``value`` is of type ``kind`` and among field ``name``'s allowed values."""
-    problem = _type_problem(kind, value)
-    if problem is None and name in FIELD_CHOICES and value not in FIELD_CHOICES[name]:
+def check_field(field: dataclasses.Field, value: Any) -> None:
+    """Raise ConfigError unless ``value`` is of ``field``'s type and among its allowed values."""
+    name, choices, within = field.name, field.metadata["choices"], field.metadata["within"]
+    problem = _type_problem(field.type, value)
+    if problem is None and choices and value not in choices:
         if not (name in IMPORTABLE and is_import_path(value)):  # an object of the user's
             problem = "is not a known choice"
-    if problem is None and name in FIELD_RANGES:
-        low, high, must_be = FIELD_RANGES[name]
+    if problem is None and within:
+        low, high, must_be = within
         if not low <= value <= high:
             problem = f"must be {must_be}"
     if problem is not None:
-        raise ConfigError(f"{name}={show_value(value)} {problem}; allowed: {_allowed(kind, name)}")
+        raise ConfigError(f"{name}={show_value(value)} {problem}; allowed: {_allowed(field)}")
 
 
-def check_sweep(sweep: Any) -> None:
-    """Raise ConfigError unless ``sweep`` is pairs of distinct sweepable names and distinct allowed values."""
+def check_sweep(sweep: Any, fields: Mapping[str, dataclasses.Field]) -> None:
+    """Raise ConfigError unless ``sweep`` is pairs of distinct sweepable names (of ``fields``) and distinct allowed
+    values."""
     if not isinstance(sweep, tuple) or any(not isinstance(pair, tuple) or len(pair) != 2 for pair in sweep):
         raise ConfigError(
             f"sweep={show_value(sweep)} is not a sweep; allowed: a mapping of hyperparameter name to a list of values"
         )
     seen: set[str] = set()
     for name, values in sweep:
-        if not isinstance(name, str) or name not in FIELD_TYPES:
+        if not isinstance(name, str) or name not in fields:
             raise ConfigError(f"sweep of {show_value(name)}: not a hyperparameter; allowed: {', '.join(SWEEPABLE)}")
         if name not in SWEEPABLE:
             raise ConfigError(
@@ -83,7 +92,7 @@ def check_sweep(sweep: Any) -> None:
             raise ConfigError(f"sweep of {name}: no values; allowed: one or more values")
         for value in values:
             try:
-                check_field(name, FIELD_TYPES[name], value)
+                check_field(fields[name], value)
             except ConfigError as error:
                 raise ConfigError(f"sweep of {name}: {error}") from None
         repeated = [value for i, value in enumerate(values) if value in values[:i]]

@@ -94,13 +94,13 @@ def test_a_newer_checkpoint_of_someone_elses_is_not_a_reason_to_delete_the_one_w
 def test_a_full_disk_leaves_the_previous_checkpoint_intact(tmp_path, spec, fresh, monkeypatch):
     previous = save_checkpoint(tmp_path, at_iteration(fresh, 2, seed=1), CARTPOLE, spec, keep=3)
     before = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()}
-    real_write = rundir._write_all
+    real_write = rundir.write_all
 
     def write_half_then_fail(fd, data):
         real_write(fd, data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(rundir, "_write_all", write_half_then_fail)
+    monkeypatch.setattr(rundir, "write_all", write_half_then_fail)
     with pytest.raises(OSError) as raised:
         save_checkpoint(tmp_path, at_iteration(fresh, 4, seed=2), CARTPOLE, spec, keep=3)
     assert raised.value.errno == errno.ENOSPC

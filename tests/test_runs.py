@@ -158,7 +158,7 @@ def test_resume_flags_that_contradict_the_run_are_refused(finished_run, tmp_path
 
 def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(finished_run, tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "run"
-    real_write = rundir._write_all
+    real_write = rundir.write_all
     calls = []
 
     def disk_fills_at_the_second_checkpoint(fd, data):
@@ -169,7 +169,7 @@ def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(finished_run, t
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_write(fd, data)
 
-    monkeypatch.setattr(rundir, "_write_all", disk_fills_at_the_second_checkpoint)
+    monkeypatch.setattr(rundir, "write_all", disk_fills_at_the_second_checkpoint)
     capsys.readouterr()
     assert train(run_dir) == 1
     line = error_line(capsys)

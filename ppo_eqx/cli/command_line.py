@@ -14,11 +14,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..config import FIELD_CHOICES, FIELD_TYPES, IMPORTABLE, INT32_MAX, PPOConfig, flag
+from ..config import FIELD_CHOICES, FIELD_TYPES, INT32_MAX, PPOConfig, flag
 from ..errors import ConfigError, RunDirError, RunError, UsageError
 from ..host.ownership import read_manifest, refuse_if_held, refuse_look_alikes
 from ..host.rundir import CHECKPOINT_DIR, check_output, path_problem
 from ..sweeps import NOT_SWEEPABLE, SWEEPABLE
+from ..validation import IMPORTABLE
 from .environment import XlaFlagsProbe, restore_xla_flags, schedule_small_programs
 
 

@@ -22,15 +22,9 @@ from typing import Any
 from ..errors import RunDirError
 from .lock import kind_of
 from .manifest import Kind, read_manifest, written_entry
-from .rundir import BOOKKEEPING, MANIFEST, json_bytes, write_whole
+from .rundir import BOOKKEEPING, MANIFEST, json_bytes, write_all, write_whole
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def temporary_name(name: str) -> str:
@@ -133,7 +127,7 @@ class RunDirectory:
         self._own_copy(MANIFEST, "manifest")
         fd = self._open(MANIFEST, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self._fd)
         try:
-            _write_all(fd, (json.dumps(list(entry)) + "\n").encode())
+            write_all(fd, (json.dumps(list(entry)) + "\n").encode())
         finally:
             os.close(fd)
         self._listed.add(entry)

@@ -63,7 +63,7 @@ CHECKPOINT_FILE = re.compile(r"iter_\d{6,}\.(eqx|json)")
 
 
 def _base_name(name: str) -> str:
-    """``name``, or the name whose temporary it is (``.NAME.tmp``: ``write_atomic``'s)."""
+    """``name``, or the name whose temporary it is (``.NAME.tmp``: ``write_whole``'s)."""
     return name[1:-4] if name.startswith(".") and name.endswith(".tmp") and len(name) > 5 else name
 
 
@@ -79,15 +79,11 @@ def written_checkpoint_name(name: str) -> bool:
     return bool(CHECKPOINT_FILE.fullmatch(_base_name(name)))
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (``os.write`` may take less at a time)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def temporary_of(path: Path) -> Path:
-    """The temporary file that ``write_atomic`` writes before it renames it to ``path``."""
-    return path.with_name(f".{path.name}.tmp")
 
 
 def write_whole(dir_fd: int, name: str, data: bytes) -> None:
@@ -98,7 +94,7 @@ def write_whole(dir_fd: int, name: str, data: bytes) -> None:
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
     try:
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -213,14 +209,6 @@ def checked_metrics(path: Path, last_iteration: int) -> list[str]:
     return [lines[i] + "\n" for i in range(1, last_iteration + 1)]
 
 
-def truncate_metrics(path: Path, last_iteration: int) -> int:
-    """Keep the rows of ``metrics.jsonl`` up to ``last_iteration`` (``checked_metrics``: each once, in order),
-    atomically. Returns the number of rows kept."""
-    kept = checked_metrics(path, last_iteration)
-    write_atomic(path, "".join(kept).encode())
-    return len(kept)
-
-
 def free_name(base: Path) -> Path:
     """The first of ``base``, ``base__2``, ``base__3``, ... that does not exist now (``claim_new_dir`` takes one)."""
     return next(path for n in itertools.count(1) if not (path := _numbered(base, n)).exists())
@@ -329,7 +317,7 @@ def check_output(flag: str, path: Path, run_dir: Path) -> None:
 
 def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
     """RunDirError unless a new run may be written to ``run_dir`` as far as its path goes (nothing is written or
-    created here; what is in it is ``ownership.check_contents``'s)."""
+    created here; what is in it is ``ownership.check_run_dirs``'s)."""
     check_path("--run-dir", run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"--run-dir {run_dir} is a file, not a directory")
