@@ -236,6 +236,8 @@ def parse_args(argv: Sequence[str]) -> tuple[Any, list[str]]:
     clashes = [arg for arg in extra if arg.split("=", 1)[0] in RUNNER_FLAGS]
     if clashes:
         parser.error(f"{', '.join(clashes)} after `--`: the runner sets {', '.join(RUNNER_FLAGS)} itself")
+    if args.sweep_dir.exists() and not args.sweep_dir.is_dir():
+        parser.error(f"--sweep-dir {args.sweep_dir} is not a directory; allowed: a directory, or a path to create one")
     return args, extra
 
 
@@ -439,7 +441,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else Concurrency(args.jobs, 0, False, None, f"--jobs {args.jobs}")
     )
     print(f"plan: {concurrency.jobs} run(s) at once ({concurrency.why})", flush=True)
-    args.sweep_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        args.sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SystemExit(f"error: cannot create --sweep-dir {args.sweep_dir}: {error.strerror}") from None
     if args.measure_s is not None:
         measured = measure(todo, launcher, extra, concurrency, args.measure_s)
         rows = measured.pop("rows")

@@ -363,3 +363,17 @@ def test_measuring_the_plan_reports_the_aggregate_and_keeps_nothing(runner: Modu
         measured["header"]["aggregate_env_steps_per_s"]
     )
     assert not any(sweep.iterdir())  # the measured runs' directories and logs are gone
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_sweep_dir_that_cannot_be_a_directory_is_one_line(
+    runner: ModuleType, capsys: pytest.CaptureFixture[str], tmp_path: Path, where: str
+) -> None:
+    """``--sweep-dir FILE`` was a FileExistsError traceback: now one line, exit 2, the file untouched."""
+    (tmp_path / "notes").write_text("mine\n")
+    target = tmp_path / "notes" if where == "a file" else tmp_path / "notes" / "sweep"
+    with pytest.raises(SystemExit) as stopped:
+        runner.main(["--sweep-dir", str(target), "--jobs", "1", "--games", "Pong-v5", "--seeds", "1"])
+    message = capsys.readouterr().err.strip().splitlines()[-1] if stopped.value.code == 2 else str(stopped.value.code)
+    assert "--sweep-dir" in message and str(target) in message, message
+    assert (tmp_path / "notes").read_text() == "mine\n"

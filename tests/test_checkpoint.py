@@ -202,7 +202,7 @@ def test_building_a_model_or_loading_a_checkpoint_starts_no_compiler(tmp_path, m
     def compiles(*args: object) -> None:
         raise AssertionError("the CPU kernel was looked for, built or loaded")
 
-    for name in ("unavailable_reason", "load", "build", "built", "library_path", "find_compiler"):
+    for name in ("unavailable_reason", "load", "build", "built", "cache_problem", "library_path", "find_compiler"):
         monkeypatch.setattr(kernel_build, name, compiles)
     model = ActorCritic(atari_spec.obs_shape, atari_spec.num_actions, conv_impl="kernel", key=jax.random.PRNGKey(0))
     loaded = load_checkpoint(read_checkpoint(path), atari, atari_spec, conv_impl="kernel")

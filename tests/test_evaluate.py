@@ -87,6 +87,25 @@ def test_greedy_eval_of_a_checkpoint_file_with_a_gif(tmp_path):
     assert len(frames) == result["lengths"][0] + 1 and frames[0].shape[:2] == (400, 600)
 
 
+def test_a_video_that_cannot_be_written_at_its_end_keeps_the_evaluation(tmp_path, capsys, monkeypatch):
+    """A ``.gif`` is written when the video closes; a place that refuses it then lost eval.json too (issue 41)."""
+    from ppo_eqx.host.evaluate import VideoWriter
+
+    run_dir = untrained_run(tmp_path / "run", PPOConfig(env_id="CartPole-v1", num_envs=4))
+    video = tmp_path / "game.gif"
+
+    def refused(self):
+        raise PermissionError(13, "Permission denied", str(self.path))
+
+    monkeypatch.setattr(VideoWriter, "close", refused)
+    capsys.readouterr()
+    assert main(["eval", str(run_dir), "--episodes", "2", "--video", str(video)]) == 1
+    result = json.loads((run_dir / "eval.json").read_text())
+    assert len(result["returns"]) == 2 and result["video"] is None
+    line = capsys.readouterr().err.strip()
+    assert line.count("\n") == 0 and str(video) in line and "eval.json" in line and "Permission denied" in line
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -329,6 +329,30 @@ BEFORE_THE_DIRECTORY = {
     "train-JAX_DEBUG_NANS=true": Case(train_new(), ("JAX_DEBUG_NANS",), {"JAX_DEBUG_NANS": "true"}),
     "train-JAX_DISABLE_JIT=1": Case(train_new(), ("JAX_DISABLE_JIT",), {"JAX_DISABLE_JIT": "1"}),
     "resume-JAX_DEBUG_NANS=1": Case(resume(), ("JAX_DEBUG_NANS",), {"JAX_DEBUG_NANS": "1"}),
+    # jax reads these at import (a bad value was a 66-83 line traceback) or computes under them (after the
+    # run directory was written): each is one line naming the variable and what it takes.
+    "train-JAX_ENABLE_X64=maybe": Case(train_new(), ("JAX_ENABLE_X64", "'maybe'", "true"), {"JAX_ENABLE_X64": "maybe"}),
+    "resume-JAX_ENABLE_X64=2": Case(resume(), ("JAX_ENABLE_X64", "false"), {"JAX_ENABLE_X64": "2"}),
+    "train-JAX_DEFAULT_MATMUL_PRECISION=bogus": Case(
+        train_new(), ("JAX_DEFAULT_MATMUL_PRECISION", "highest"), {"JAX_DEFAULT_MATMUL_PRECISION": "bogus"}
+    ),
+    "train-JAX_NUMPY_RANK_PROMOTION=raise": Case(
+        train_new(), ("JAX_NUMPY_RANK_PROMOTION", "allow"), {"JAX_NUMPY_RANK_PROMOTION": "raise"}
+    ),
+    "train-JAX_NUMPY_RANK_PROMOTION=sometimes": Case(
+        train_new(), ("JAX_NUMPY_RANK_PROMOTION", "warn"), {"JAX_NUMPY_RANK_PROMOTION": "sometimes"}
+    ),
+    "train-JAX_NUMPY_DTYPE_PROMOTION=strict": Case(
+        train_new(), ("JAX_NUMPY_DTYPE_PROMOTION", "standard"), {"JAX_NUMPY_DTYPE_PROMOTION": "strict"}
+    ),
+    "eval-JAX_NUMPY_DTYPE_PROMOTION=strict": Case(
+        evaluate("eval_out.json"), ("JAX_NUMPY_DTYPE_PROMOTION",), {"JAX_NUMPY_DTYPE_PROMOTION": "strict"}
+    ),
+    # 1.28 G transitions of CartPole: 49 GiB of batch, and 610 GiB of activations in one minibatch of 320 M.
+    "cartpole-ten-million-envs": Case(
+        train_new("--num-envs", "10000000", "--num-steps", "128", "--total-timesteps", "2000000000"),
+        ("memory", "num_envs=10000000"),
+    ),
     "resume-under-JAX_ENABLE_X64": Case(
         resume(), ("JAX_ENABLE_X64",), {"JAX_ENABLE_X64": "1"}, forbidden=("damaged", "does not fit")
     ),

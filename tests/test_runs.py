@@ -11,6 +11,7 @@ import types
 
 import pytest
 
+import ppo_eqx.host.run_directory as run_directory
 import ppo_eqx.host.rundir as rundir
 from ppo_eqx import PPOConfig
 from ppo_eqx.cli import main
@@ -190,6 +191,25 @@ def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(finished_run, t
     assert (run_dir / "checkpoints" / "iter_000004.eqx").read_bytes() == (
         finished_run / "checkpoints" / "iter_000004.eqx"
     ).read_bytes()
+
+
+@pytest.mark.parametrize("name", ["config.json", ".ppo-eqx-manifest.jsonl"])
+def test_a_full_disk_at_the_start_names_the_file_it_could_not_write(tmp_path, capsys, monkeypatch, name):
+    """ "No space left on device" alone named no path (issue 41): now the line names the file."""
+    run_dir = tmp_path / "run"
+    real_write = rundir.write_all
+
+    def full_for(fd, data):
+        if (name == "config.json" and data[:1] == b"{") or (name != "config.json" and data[:1] == b"["):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_write(fd, data)
+
+    monkeypatch.setattr(rundir, "write_all", full_for)
+    monkeypatch.setattr(run_directory, "write_all", full_for)
+    capsys.readouterr()
+    assert train(run_dir) in (1, 2)
+    line = error_line(capsys)
+    assert "No space left on device" in line and str(run_dir / name) in line, line
 
 
 def test_non_finite_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):

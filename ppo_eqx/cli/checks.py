@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config import PPOConfig
 from ..core.envs import EnvSpec
-from ..core.networks import ConvRoute
+from ..core.networks import GRID_HIDDEN, ConvRoute
 from ..errors import UsageError
 from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
 
@@ -71,13 +71,23 @@ def conv_route(config: PPOConfig, spec: EnvSpec) -> ConvRoute:
 BATCH_BYTES_BESIDE_OBS = 4 + 4 + 4 + 4 + 1 + 4 + 4
 """Bytes of one transition of the batch besides its observation: action (int32), log-probability, value, reward
 (float32), done (bool), advantage and return (float32)."""
+HIDDEN_FLOATS = {
+    "vector": 2 * (64 + 64),
+    "grid": 2 * (GRID_HIDDEN + GRID_HIDDEN),
+    "frames": 32 * 400 + 64 * 81 + 64 * 49 + 512,
+}
+"""Hidden activations of one observation through ``ActorCritic`` by observation kind: the 64-64 MLPs of actor and
+critic, MinAtar's 256-256 pair, or the Nature CNN's three convolutions (20x20x32, 9x9x64, 7x7x64 on 84x84) and its
+512 dense units."""
 MEMINFO = Path("/proc/meminfo")
 
 
 def batch_bytes(config: PPOConfig, spec: EnvSpec) -> int:
-    """Bytes of one iteration's batch, every agent's: a lower bound of what the compiled program holds at once."""
+    """Bytes of one iteration's batch and of one minibatch's hidden activations and their gradients (float32), every
+    agent's: a lower bound of what the compiled program holds at once."""
     obs = math.prod(spec.obs_shape) * np.dtype(spec.obs_dtype).itemsize
-    return config.num_agents * config.batch_size * (obs + BATCH_BYTES_BESIDE_OBS)
+    activations = config.minibatch_size * HIDDEN_FLOATS.get(spec.kind, 0) * 2 * 4
+    return config.num_agents * (config.batch_size * (obs + BATCH_BYTES_BESIDE_OBS) + activations)
 
 
 def device_memory() -> tuple[int, str] | None:
@@ -108,6 +118,7 @@ def check_memory(config: PPOConfig, spec: EnvSpec, *, devices: int = 1) -> None:
     agents = f" x {config.num_agents} agents" if config.num_agents > 1 else ""
     size = f"num_envs={config.num_envs} x num_steps={config.num_steps}{agents}"
     raise UsageError(
-        f"{size}: one iteration's batch alone is {needed / 2**30:,.1f} GiB, more than the {available[0] / 2**30:,.1f} "
+        f"{size}: one iteration's batch and one minibatch's activations alone are {needed / 2**30:,.1f} GiB, more "
+        f"than the {available[0] / 2**30:,.1f} "
         f"GiB of {available[1].removeprefix('the ')}; allowed: a smaller num_envs * num_steps"
     )

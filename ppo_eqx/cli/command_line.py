@@ -20,7 +20,7 @@ from ..host.ownership import read_manifest, refuse_if_held, refuse_look_alikes
 from ..host.rundir import CHECKPOINT_DIR, check_output, path_problem
 from ..sweeps import NOT_SWEEPABLE, SWEEPABLE
 from ..validation import IMPORTABLE
-from .environment import XlaFlagsProbe, restore_xla_flags, schedule_small_programs
+from .environment import XlaFlagsProbe, import_jax, restore_xla_flags, schedule_small_programs
 
 
 class _Parser(argparse.ArgumentParser):
@@ -252,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _refuse_early_output(args)
         probe = XlaFlagsProbe()  # while the command imports jax
         saved_flags = schedule_small_programs(args)  # after the probe: it adds a flag XLA is known to take
+        import_jax()
         if args.command == "train":
             from .train_command import train_command
 

@@ -157,16 +157,72 @@ is refused (``host.resume.check_same_environment``)."""
 REFUSED_SETTINGS = {
     "jax_debug_nans": (
         "JAX_DEBUG_NANS",
+        (True,),
         "stops at the first NaN any computation makes, and ppo-eqx marks 'no episode finished yet' with NaN by "
         "design; unset it (ppo-eqx itself stops at a NaN or infinite loss or parameters, naming the iteration)",
     ),
     "jax_disable_jit": (
         "JAX_DISABLE_JIT",
+        (True,),
         "runs every operation alone, and ppo-eqx's iteration is one compiled program (EnvPool's step is an XLA "
         "call inside it); unset it",
     ),
+    "jax_numpy_rank_promotion": (
+        "JAX_NUMPY_RANK_PROMOTION",
+        ("raise",),
+        "refuses the broadcasting that ppo-eqx's model and loss use (a bias added to a batch); set it to allow or "
+        "warn, or unset it",
+    ),
+    "jax_numpy_dtype_promotion": (
+        "JAX_NUMPY_DTYPE_PROMOTION",
+        ("strict",),
+        "refuses the promotions that ppo-eqx's arithmetic uses (an int32 step count times a float32 rate); set it "
+        "to standard, or unset it",
+    ),
 }
-"""jax settings that ppo-eqx cannot run under: the environment variable that sets each, and why."""
+"""jax settings that ppo-eqx cannot run under: the environment variable that sets each, the values refused, why."""
+TRUTH_VALUES = ("1", "0", "true", "false", "yes", "no", "on", "off", "y", "n", "t", "f")
+"""The values jax reads as a boolean from an environment variable (any case)."""
+_INVALID_ENUM = re.compile(r'Invalid value "(.*)" for JAX flag (\w+)')
+_INVALID_TRUTH = re.compile(r"invalid truth value '(.*)' for environment '(\w+)'")
+
+
+def import_jax() -> None:
+    """Import jax, or UsageError naming the environment variable jax refused at import and the values it takes
+    (a bad ``JAX_ENABLE_X64`` or ``JAX_DEFAULT_MATMUL_PRECISION`` ends jax's import with a ValueError)."""
+    try:
+        import jax  # noqa: F401
+    except ValueError as error:
+        raise UsageError(_refused_at_import(str(error))) from None
+
+
+def _refused_at_import(message: str) -> str:
+    truth = _INVALID_TRUTH.search(message)
+    if truth:
+        variable, value = truth.group(2), os.environ.get(truth.group(2), truth.group(1))
+        allowed = ", ".join(TRUTH_VALUES)
+        return f"{variable}={value!r} is not a truth value jax reads; give one of {allowed}, or unset it"
+    enum = _INVALID_ENUM.search(message)
+    if enum is None:
+        return f"jax refused this process's environment: {message.splitlines()[0]}"
+    variable, value = enum.group(2).upper(), enum.group(1)
+    allowed = _enum_values(enum.group(2), variable)
+    takes = f"give one of {', '.join(allowed)}" if allowed else "give a value jax documents"
+    return f"{variable}={value!r} is not a value jax takes; {takes}, or unset it"
+
+
+def _enum_values(name: str, variable: str) -> list[str]:
+    """The values jax's option ``name`` takes, asked of a child whose environment lacks ``variable`` (this
+    process's jax import has failed)."""
+    env = {key: value for key, value in os.environ.items() if key != variable}
+    code = f"import jax; print(*jax.config.meta[{name!r}][2].get('enum_values', ()))"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return done.stdout.split() if done.returncode == 0 else []
 
 
 def results_environment(xla_flags: str | None) -> dict[str, str | None]:
@@ -182,8 +238,9 @@ def check_jax_settings() -> None:
     (``REFUSED_SETTINGS``); jax reads them from the environment when it is imported."""
     import jax
 
-    for setting, (variable, why) in REFUSED_SETTINGS.items():
-        if getattr(jax.config, setting):
-            value = os.environ.get(variable)
-            where = f"{variable}={value!r}" if value is not None else f"jax.config.{setting}=True"
+    for setting, (variable, refused, why) in REFUSED_SETTINGS.items():
+        value = getattr(jax.config, setting)
+        if value in refused:
+            given = os.environ.get(variable)
+            where = f"{variable}={given!r}" if given is not None else f"jax.config.{setting}={value!r}"
             raise UsageError(f"{where} {why}")

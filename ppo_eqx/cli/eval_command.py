@@ -45,7 +45,7 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
         f"episodes, {'greedy' if args.greedy else 'sampled'} actions",
         flush=True,
     )
-    evaluation = _play(args, model, config, fps=15 if spec.kind == "frames" else 50)
+    evaluation, video_error = _play(args, model, config, fps=15 if spec.kind == "frames" else 50)
     summary = summarise(evaluation)
     result = {
         "checkpoint": str(path),
@@ -59,7 +59,7 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
         **summary,
         "returns": evaluation.returns,
         "lengths": evaluation.lengths,
-        "video": None if args.video is None else str(args.video),
+        "video": None if args.video is None or video_error else str(args.video),
     }
     EARLY.defer()  # eval.json is written whole or not at all; a Ctrl-C now waits for it
     try:
@@ -72,6 +72,8 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
         f"written to {output}",
         flush=True,
     )
+    if video_error:
+        raise RunError(f"{video_error}; the evaluation's results are in {output}")
     return 0
 
 
@@ -138,7 +140,11 @@ def _check_video(video: Path, run_dir: Path, output: Path) -> None:
     require(module, f"--video {video} needs {package}")
 
 
-def _play(args: argparse.Namespace, model: ActorCritic, config: PPOConfig, *, fps: int) -> Evaluation:
+def _play(
+    args: argparse.Namespace, model: ActorCritic, config: PPOConfig, *, fps: int
+) -> tuple[Evaluation, str | None]:
+    """The evaluation, and why its video could not be written (None: it was, or none was asked for): a video
+    that fails at its end costs the evaluation nothing."""
     key = eval_key(args.seed)
     writer = None
     if args.video is not None:
@@ -147,7 +153,7 @@ def _play(args: argparse.Namespace, model: ActorCritic, config: PPOConfig, *, fp
         except OSError as error:
             raise UsageError(f"--video {args.video}: {error.strerror or error}") from None
     try:
-        return evaluate(
+        evaluation = evaluate(
             model,
             config,
             episodes=args.episodes,
@@ -157,5 +163,16 @@ def _play(args: argparse.Namespace, model: ActorCritic, config: PPOConfig, *, fp
             key=key,
         )
     finally:
-        if writer is not None:
-            writer.close()
+        video_error = _close(writer)
+    return evaluation, video_error
+
+
+def _close(writer: VideoWriter | None) -> str | None:
+    """Close ``writer`` (a ``.gif`` is written only now); why it could not be, else None."""
+    if writer is None:
+        return None
+    try:
+        writer.close()
+    except OSError as error:
+        return f"could not write the video {error.filename or writer.path}: {error.strerror or error}"
+    return None

@@ -12,7 +12,9 @@ the convolutions' route given (loading never chooses one: ``host.conv_route``).
 import hashlib
 import io
 import json
+import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -211,6 +213,35 @@ def _metadata_problem(path: Path, metadata: dict[str, Any]) -> str | None:
         return f"its arrays_bytes is {show_value(size)}; allowed: an integer in 0 .. {MAX_ARRAYS_BYTES}"
     if not isinstance(metadata["arrays_sha256"], str) or not _SHA256.fullmatch(metadata["arrays_sha256"]):
         return f"its arrays_sha256 is {show_value(metadata['arrays_sha256'])}; allowed: 64 hexadecimal digits"
+    if not isinstance(metadata["config"], dict):
+        return f"its config is {show_value(metadata['config'])}; allowed: an object of config fields"
+    return _optional_problem(metadata)
+
+
+def _is_count(value: object, low: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= 2**62
+
+
+_OPTIONAL: dict[str, tuple[Callable[[object], bool], str]] = {
+    "global_step": (_is_count, "an integer of 0 or more"),
+    "time_elapsed": (
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
+        "a finite number of seconds, 0 or more",
+    ),
+    "keep_checkpoints": (lambda v: v is None or _is_count(v, 1), "null or an integer of 1 or more"),
+    "num_actions": (lambda v: _is_count(v, 1), "an integer of 1 or more"),
+    "obs_shape": (
+        lambda v: isinstance(v, list) and len(v) <= 4 and all(_is_count(n, 1) for n in v),
+        "a list of at most 4 positive integers",
+    ),
+}
+"""The metadata fields that a checkpoint may hold beside the required ones, what each must be, in words."""
+
+
+def _optional_problem(metadata: dict[str, Any]) -> str | None:
+    for name, (good, allowed) in _OPTIONAL.items():
+        if name in metadata and not good(metadata[name]):
+            return f"its {name} is {show_value(metadata[name])}; allowed: {allowed}"
     return None
 
 

@@ -51,9 +51,15 @@ def auto_note(conv_impl: ConvImpl, route: ConvRoute, spec: EnvSpec) -> str | Non
     to build it, where "auto" took the matmuls because it is not built; None otherwise."""
     if conv_impl != "auto" or route != "matmul" or spec.kind != "frames" or jax.default_backend() != "cpu":
         return None
-    if kernel_build.built() or kernel_build.find_compiler() is None:
+    if kernel_build.find_compiler() is None:
         return None
-    return f"ppo_eqx's CPU kernel is faster here and not built: {kernel_build.BUILD_HINT} builds it, once"
+    try:
+        problem = kernel_build.cache_problem(kernel_build.library_path(kernel_build.requested_isa()))
+    except kernel_build.KernelUnavailable:
+        return None
+    if problem is None:
+        return None
+    return f"ppo_eqx's CPU kernel is faster here and {problem}: {kernel_build.BUILD_HINT} builds it, once"
 
 
 def ready(route: ConvRoute) -> None:

@@ -120,13 +120,42 @@ def build(path: Path, march: str = "native") -> None:
         lines = result.stderr.strip().splitlines() or [f"exit status {result.returncode}"]
         reason = next((line for line in lines if "error" in line), lines[-1])  # notes may follow the error
         raise KernelUnavailable(f"{compiler} could not build {SOURCE.name}: {reason}")
-    os.replace(partial, path)
+    digest = _digest_path(path)
+    try:
+        digest_partial = digest.with_name(f"{digest.name}.{os.getpid()}.tmp")
+        digest_partial.write_text(_digest(partial))
+        os.replace(partial, path)
+        os.replace(digest_partial, digest)
+    except OSError as error:
+        raise KernelUnavailable(f"could not write the kernel into {path.parent}: {error.strerror}") from error
+
+
+def _digest_path(path: Path) -> Path:
+    """Where the SHA-256 of the kernel at ``path`` is kept, written by ``build`` after the kernel itself."""
+    return path.with_suffix(".sha256")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def cache_problem(path: Path) -> str | None:
+    """Why the cached kernel at ``path`` must not be loaded (absent, or its bytes not the ones ``build`` wrote: a
+    truncated or overwritten file would crash the process that loads it); None when it may be."""
+    if not path.exists():
+        return "not built"
+    try:
+        matches = _digest_path(path).read_text().strip() == _digest(path)
+    except OSError:
+        matches = False
+    return None if matches else f"damaged ({path} is not the file its build wrote)"
 
 
 def built() -> bool:
-    """Whether the kernel for ``requested_isa()`` is in the cache already (nothing is compiled to find out)."""
+    """Whether the kernel for ``requested_isa()`` is in the cache already, whole (nothing is compiled to find
+    out)."""
     try:
-        return library_path(requested_isa()).exists()
+        return cache_problem(library_path(requested_isa())) is None
     except KernelUnavailable:
         return False
 
@@ -164,18 +193,21 @@ def load(build_if_missing: bool = True) -> Built:
 
 def _load(requested: str, build_if_missing: bool) -> Built:
     path = library_path(requested)
-    if not path.exists():
+    problem = cache_problem(path)
+    if problem is not None:
         if not build_if_missing:
-            raise KernelUnavailable(f"ppo_eqx's CPU kernel is not built here ({BUILD_HINT} builds it)")
+            raise KernelUnavailable(f"ppo_eqx's CPU kernel is {problem} ({BUILD_HINT} builds it)")
         build(path, MARCH[requested])
     try:
         library = ctypes.cdll.LoadLibrary(str(path))
-    except OSError as error:
-        raise KernelUnavailable(f"could not load {path}: {error}") from error
+        functions = {name: getattr(library, symbol) for name, symbol in _SYMBOLS.items()}
+        lanes = library.PpoEqxVectorLanes()
+    except (OSError, AttributeError) as error:
+        raise KernelUnavailable(f"could not load {path}: {error} ({BUILD_HINT} builds it again)") from None
     targets = "ppo_eqx_" if requested == "native" else f"ppo_eqx_{requested}_"
-    for name, symbol in _SYMBOLS.items():
-        jax.ffi.register_ffi_target(targets + name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
-    return Built(_VECTOR_LANES[library.PpoEqxVectorLanes()], targets)
+    for name, function in functions.items():
+        jax.ffi.register_ffi_target(targets + name, jax.ffi.pycapsule(function), platform="cpu")
+    return Built(_VECTOR_LANES[lanes], targets)
 
 
 def unavailable_reason(*, build_if_missing: bool = True) -> str | None:

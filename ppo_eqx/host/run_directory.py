@@ -128,6 +128,8 @@ class RunDirectory:
         fd = self._open(MANIFEST, os.O_WRONLY | os.O_APPEND | os.O_CREAT, self._fd)
         try:
             write_all(fd, (json.dumps(list(entry)) + "\n").encode())
+        except OSError as error:
+            raise OSError(error.errno, error.strerror, str(self.path / MANIFEST)) from None
         finally:
             os.close(fd)
         self._listed.add(entry)
@@ -144,7 +146,7 @@ class RunDirectory:
         except OSError as error:
             if error.errno == errno.ELOOP:
                 raise self._not_followed(relative, stat.S_IFLNK) from None
-            raise
+            raise OSError(error.errno, error.strerror, str(self.path / relative)) from None
 
     def write_json(self, relative: str, data: Any) -> None:
         self.write(relative, json_bytes(data))
