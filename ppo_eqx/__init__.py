@@ -11,7 +11,9 @@ Train and keep the result::
 Resume with ``Trainer(config, restore=load_checkpoint(read_checkpoint(path), config, spec))``, play with
 ``evaluate``. An env of your own with gymnax's interface goes through the same calls: ``PPOConfig.for_task(env)``,
 ``Trainer(config, env=env)``, ``evaluate(..., env=env)`` (``JaxEnv``); a loss of your own through
-``Trainer(config, loss=...)`` (``Loss``). The pure pieces compose without a Trainer: ``init_train_state`` and
+``Trainer(config, loss=...)`` (``Loss``). Continuous actions (a box action space) get a Gaussian policy
+(``GaussianActorCritic``) and CleanRL's ppo_continuous_action.py preset, observations and rewards normalised in
+the program (``normalize_pool``). The pure pieces compose without a Trainer: ``init_train_state`` and
 ``make_iteration`` (one jittable iteration; ``over_iterations``, many in one program), ``sync_collector``
 (``jax_env_collector`` for envs written in JAX), ``rollout``, ``update``, ``ppo_loss``, ``compute_gae``,
 ``ActorCritic``. The layout:
@@ -41,7 +43,9 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .core.envs import make_async_pool as make_async_pool
     from .core.envs import make_pool as make_pool
     from .core.envs.jax_env import JaxEnv as JaxEnv
+    from .core.envs.normalize import normalize_pool as normalize_pool
     from .core.gae import compute_gae as compute_gae
+    from .core.gaussian import GaussianActorCritic as GaussianActorCritic
     from .core.hyperparameters import AgentHyperparameters as AgentHyperparameters
     from .core.iteration import make_iteration as make_iteration
     from .core.iteration import make_prime as make_prime
@@ -67,6 +71,7 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .host.checkpoint import save_checkpoint as save_checkpoint
     from .host.conv_route import resolve_conv_impl as resolve_conv_impl
     from .host.evaluate import evaluate as evaluate
+    from .host.evaluate import normalization_of as normalization_of
     from .host.loop import run as run
     from .host.loop import run_agents as run_agents
     from .host.loop import train as train

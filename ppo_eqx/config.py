@@ -30,7 +30,7 @@ ROLLOUT_PLACES = ("auto", "device", "host")
 """Where the rollout is compiled (``rollout_on``): resolved at the edge (``host.placement.rollout_place``)."""
 NETWORK_INITS = ("cleanrl", "gymnax-blines")
 """How a model's layers may start (``core.networks.NetworkInit``, the same names, says what each means)."""
-LOSSES = ("cleanrl",)
+LOSSES = ("cleanrl", "cleanrl-torch")
 """The losses a config names (``core.loss.loss_named``); ``MODULE:ATTRIBUTE`` names a ``Loss`` of the user's."""
 
 INT32_MAX = 2**31 - 1
@@ -149,9 +149,21 @@ class PPOConfig(Hyperparameters):
     )
     loss: str = config_field(
         "cleanrl",
-        "the loss each minibatch step descends: cleanrl (CleanRL's) or MODULE:ATTRIBUTE, a loss of yours with "
+        "the loss each minibatch step descends: cleanrl (CleanRL's JAX scripts'), cleanrl-torch (its torch scripts': "
+        "the advantages' sample standard deviation; the continuous preset's) or MODULE:ATTRIBUTE, a loss of yours with "
         "ppo_eqx.Loss's signature, whose reported values are logged beside CleanRL's (ppo_eqx's own)",
         choices=LOSSES,
+    )
+    normalize_obs: bool = config_field(
+        False,
+        "normalise observations by their running mean and variance, clipped to +-10, inside the program, as "
+        "CleanRL's continuous-control wrappers (on for continuous tasks; envs written in JAX) (ppo_eqx's own)",
+    )
+    normalize_reward: bool = config_field(
+        False,
+        "divide rewards by the running standard deviation of the discounted return, clipped to +-10, as CleanRL's "
+        "continuous-control wrappers; episodic returns stay raw (on for continuous tasks; envs written in JAX) "
+        "(ppo_eqx's own)",
     )
     sweep: tuple[tuple[str, tuple[Any, ...]], ...] | Mapping[str, Sequence[Any]] = config_field(
         (), "hyperparameters that take several values, one agent per setting (ppo_eqx's own)"
@@ -283,8 +295,9 @@ class PPOConfig(Hyperparameters):
             if env_backend not in (None, "jax"):
                 raise ConfigError(f"env_backend={env_backend!r} with an env object; allowed: None or 'jax'")
             task = {"env_id": chosen.env_id, "env_backend": "jax"}
-        kind = chosen.spec(task["env_id"]).kind
-        return cls.from_dict({**preset_for(kind, state_is_data=chosen.state_is_data), **values, **task})
+        spec = chosen.spec(task["env_id"])
+        preset = preset_for(spec.kind, state_is_data=chosen.state_is_data, continuous=spec.continuous)
+        return cls.from_dict({**preset, **values, **task})
 
     def validate(self) -> "PPOConfig":
         """Return self, or raise ConfigError naming the first impossible setting, its value and what is allowed.
@@ -306,6 +319,13 @@ class PPOConfig(Hyperparameters):
             )
         self._validate_sizes()
         self._validate_async()
+        normalized = [name for name in ("normalize_obs", "normalize_reward") if getattr(self, name)]
+        if normalized and self.env_backend in ("envpool", "ale"):
+            raise ConfigError(
+                f"{normalized[0]}=True needs envs written in JAX, whose state the program carries (the statistics "
+                f"are part of it), not env_backend={self.env_backend!r}; allowed: env_backend gymnax or jax, or "
+                f"{normalized[0]}=False"
+            )
         if self.bootstrap_truncated and self.async_batch_size:
             raise ConfigError(
                 f"bootstrap_truncated=True works with synchronous envs only, not async_batch_size="

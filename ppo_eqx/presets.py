@@ -34,16 +34,42 @@ GRID_PRESET: dict[str, Any] = {
     "max_grad_norm": 0.5,
     "checkpoint_every": 100,
 }
+# CleanRL's ppo_continuous_action.py (MuJoCo, 1M steps): one env of 2048 steps, 32 minibatches, 10 epochs, a
+# learning rate of 3e-4 annealed, the value loss clipped, no entropy bonus, observations and rewards normalised, the
+# advantages standardised by torch's std() (the sample's: "cleanrl-torch").
+CONTINUOUS_PRESET: dict[str, Any] = {
+    "total_timesteps": 1_000_000,
+    "learning_rate": 3e-4,
+    "num_envs": 1,
+    "num_steps": 2048,
+    "anneal_lr": True,
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "num_minibatches": 32,
+    "update_epochs": 10,
+    "norm_adv": True,
+    "clip_coef": 0.2,
+    "clip_vloss": True,
+    "ent_coef": 0.0,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
+    "normalize_obs": True,
+    "normalize_reward": True,
+    "loss": "cleanrl-torch",
+    "checkpoint_every": 50,
+}
 # Envs written in JAX run whole chunks of iterations as one program: a CartPole checkpoint interval (250
 # iterations, about a second on a 2-core CPU) at once; MinAtar's iterations take a third of a second there, so 10
 # of them, and the progress bar, Ctrl-C and the NaN check answer within seconds.
-JAX_ENV_DISPATCH: dict[str, int] = {"vector": 250, "grid": 10}
+JAX_ENV_DISPATCH: dict[str, int] = {"vector": 250, "grid": 10, "continuous": 10}
 
 
-def preset_for(kind: str, *, state_is_data: bool = False) -> dict[str, Any]:
+def preset_for(kind: str, *, state_is_data: bool = False, continuous: bool = False) -> dict[str, Any]:
     """Defaults that replace PPOConfig's for a kind of observation (``EnvSpec.kind``): none for Atari frames,
-    CleanRL's ppo.py for vectors, gymnax-blines' for MinAtar grids; on a backend whose envs run in the program
-    (``state_is_data``), many iterations per dispatch."""
-    preset = {"frames": {}, "vector": VECTOR_PRESET, "grid": GRID_PRESET}[kind]
+    CleanRL's ppo.py for vectors, gymnax-blines' for MinAtar grids, and for ``continuous`` actions CleanRL's
+    ppo_continuous_action.py; on a backend whose envs run in the program (``state_is_data``), many iterations per
+    dispatch."""
+    kind = "continuous" if continuous else kind
+    presets = {"frames": {}, "vector": VECTOR_PRESET, "grid": GRID_PRESET, "continuous": CONTINUOUS_PRESET}
     dispatch = {"iterations_per_dispatch": JAX_ENV_DISPATCH[kind]} if state_is_data and kind in JAX_ENV_DISPATCH else {}
-    return {**preset, **dispatch}
+    return {**presets[kind], **dispatch}

@@ -135,9 +135,13 @@ BAD_ENVS = {
         lambda: broken(step=_step_with(Corridor(), lambda o, s, r, d, i: (o, s, r / 0.0, d, i))),
         "non-finite reward",
     ),
-    "a continuous action space": (
-        lambda: broken(action_space=lambda params: SimpleNamespace(low=-1.0, high=1.0, shape=(1,))),
-        "is a box of shape (1,), not discrete",
+    "a box of actions that is a matrix": (
+        lambda: broken(action_space=lambda params: SimpleNamespace(low=-1.0, high=1.0, shape=(2, 3))),
+        "a box of actions of shape (2, 3); allowed: () or (A,)",
+    ),
+    "a box of actions without bounds": (
+        lambda: broken(action_space=lambda params: SimpleNamespace(low=0.0, high=float("inf"), shape=(1,))),
+        "allowed: finite bounds",
     ),
     "a 4-D observation": (
         lambda: broken(observation_space=lambda params: SimpleNamespace(shape=(2, 2, 2, 1), dtype=jnp.float32)),

@@ -82,3 +82,45 @@ def kl_penalty(coef: float):
 
 kl_loss = kl_penalty(0.5)
 """What ``ppo-eqx train --loss tests.user_env:kl_loss`` descends."""
+
+
+class ReachState(NamedTuple):
+    position: jax.Array
+    time: jax.Array
+
+
+class Reach:
+    """Continuous actions: a point on [-1, 1] starts at random and moves by 0.2 times the action (a box [-1, 1]);
+    each step pays minus its distance to the target 0.5; 20 steps an episode (truncated). The best policy drives
+    to the target and stays: about -1.5 an episode from the farthest start, against about -13 for random actions."""
+
+    name = "Reach-v0"
+    default_params = None
+
+    def observation_space(self, params: None) -> SimpleNamespace:
+        return SimpleNamespace(shape=(1,), dtype=jnp.float32)
+
+    def action_space(self, params: None) -> SimpleNamespace:
+        return SimpleNamespace(shape=(1,), low=-1.0, high=1.0)
+
+    def reset(self, key: jax.Array, params: None) -> tuple[jax.Array, ReachState]:
+        state = ReachState(jax.random.uniform(key, (), minval=-1.0, maxval=1.0), jnp.zeros((), jnp.int32))
+        return state.position[None], state
+
+    def step(self, key: jax.Array, state: ReachState, action: jax.Array, params: None):
+        position = jnp.clip(state.position + 0.2 * action[0], -1.0, 1.0)
+        time = state.time + 1
+        reward = -jnp.abs(position - 0.5)
+        done = time >= 20
+        reset_obs, reset_state = self.reset(key, params)
+        next_state = jax.tree.map(lambda a, b: jnp.where(done, a, b), reset_state, ReachState(position, time))
+        obs = jnp.where(done, reset_obs, position[None])
+        info = {"truncated": done, "final_observation": position[None]}
+        return obs, next_state, reward, done, info
+
+
+class Unbounded(Reach):
+    """Reach with an action box that has no bounds: refused (the Gaussian's samples are clipped to them)."""
+
+    def action_space(self, params: None) -> SimpleNamespace:
+        return SimpleNamespace(shape=(1,), low=-jnp.inf, high=jnp.inf)

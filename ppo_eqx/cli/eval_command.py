@@ -3,22 +3,26 @@ prunes it) and both output paths, then play, then write the results. eval takes 
 
 import argparse
 from pathlib import Path
+from typing import TypeVar
 
 import equinox as eqx
 import jax
 
 from ..config import PPOConfig
 from ..core.envs import EnvSpec, backend
+from ..core.envs.normalize import NormalizedHandle
 from ..core.networks import ActorCritic, ConvRoute
 from ..errors import RunError, UsageError
 from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint
 from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
-from ..host.evaluate import VIDEO_FORMATS, Evaluation, VideoWriter, eval_key, evaluate, summarise
+from ..host.evaluate import VIDEO_FORMATS, Evaluation, VideoWriter, eval_key, evaluate, normalization_of, summarise
 from ..host.ownership import is_eval_result
 from ..host.rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, write_json
 from .checks import require
 from .environment import XlaFlagsProbe, check_backend, check_jax_settings
 from .interrupts import EARLY
+
+_Tree = TypeVar("_Tree")
 
 
 def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -> int:
@@ -39,13 +43,13 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
         raise UsageError(f"{output} is not a result of ppo-eqx eval, and eval keeps it; pass --output for another file")
     if args.video is not None:
         _check_video(args.video, run_dir, output)
-    model, config, spec = _load_agent(checkpoint, args.env_backend, None if agent is None else agent[1])
+    model, config, spec, statistics = _load_agent(checkpoint, args.env_backend, None if agent is None else agent[1])
     print(
         f"ppo-eqx: evaluating {path} ({config.env_id}, iteration {metadata['iteration']}) on {args.episodes} "
         f"episodes, {'greedy' if args.greedy else 'sampled'} actions",
         flush=True,
     )
-    evaluation, video_error = _play(args, model, config, fps=15 if spec.kind == "frames" else 50)
+    evaluation, video_error = _play(args, model, config, statistics, fps=15 if spec.kind == "frames" else 50)
     summary = summarise(evaluation)
     result = {
         "checkpoint": str(path),
@@ -79,10 +83,10 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
 
 def _load_agent(
     checkpoint: CheckpointFile, env_backend: str | None, agent: str | None
-) -> tuple[ActorCritic, PPOConfig, EnvSpec]:
+) -> tuple[ActorCritic, PPOConfig, EnvSpec, NormalizedHandle | None]:
     """The model, config and env spec of the agent to play: the checkpoint's one agent, or of a run of several
     (``--num-seeds``, ``--sweep``) the agent named ``agent``; on ``env_backend`` if given, with this machine's
-    route for the convolutions."""
+    route for the convolutions; and the statistics its observations were normalised by (None: they were not)."""
     path, config = checkpoint.path, config_of(checkpoint)
     names = config.agent_names()
     if config.num_agents > 1 and agent not in names:
@@ -91,10 +95,12 @@ def _load_agent(
             f"directory ({path.parent.parent / names[0]}, ...)"
         )
     spec = backend(config.env_backend).spec(config.env_id)
-    model = load_checkpoint(checkpoint, config, spec, conv_impl=_route(config, spec)).model
+    loaded = load_checkpoint(checkpoint, config, spec, conv_impl=_route(config, spec))
+    model, statistics = loaded.model, normalization_of(loaded)
     if config.num_agents > 1:
         index = names.index(agent)  # pyright: ignore[reportArgumentType]  # in names, so not None
         model, config = _agent_model(model, index), config.agent_configs()[index]
+        statistics = None if statistics is None else _agent_model(statistics, index)
     if env_backend is not None and env_backend != config.env_backend:  # the model plays on another backend's envs
         config = config.replace(env_backend=env_backend)
         played = backend(env_backend).spec(config.env_id)
@@ -103,7 +109,7 @@ def _load_agent(
                 f"--env-backend {env_backend}: {config.env_id} has observations {played.obs_shape} and "
                 f"{played.num_actions} actions there; the agent was trained on {spec.obs_shape} and {spec.num_actions}"
             )
-    return model, config, spec
+    return model, config, spec, statistics
 
 
 def _route(config: PPOConfig, spec: EnvSpec) -> ConvRoute:
@@ -124,8 +130,8 @@ def _agent_of(path: Path) -> tuple[Path, str] | None:
     return None
 
 
-def _agent_model(model: ActorCritic, index: int) -> ActorCritic:
-    """Agent ``index``'s model out of the agents' stacked one."""
+def _agent_model(model: _Tree, index: int) -> _Tree:
+    """Agent ``index``'s model (or env statistics) out of the agents' stacked ones."""
     return jax.tree.map(lambda x: x[index] if eqx.is_array(x) else x, model)
 
 
@@ -141,7 +147,12 @@ def _check_video(video: Path, run_dir: Path, output: Path) -> None:
 
 
 def _play(
-    args: argparse.Namespace, model: ActorCritic, config: PPOConfig, *, fps: int
+    args: argparse.Namespace,
+    model: ActorCritic,
+    config: PPOConfig,
+    statistics: NormalizedHandle | None,
+    *,
+    fps: int,
 ) -> tuple[Evaluation, str | None]:
     """The evaluation, and why its video could not be written (None: it was, or none was asked for): a video
     that fails at its end costs the evaluation nothing."""
@@ -159,6 +170,7 @@ def _play(
             episodes=args.episodes,
             greedy=args.greedy,
             on_frame=None if writer is None else writer.append,
+            statistics=statistics,
             seed=args.seed,
             key=key,
         )

@@ -52,7 +52,7 @@ class Transition(NamedTuple):
     """One rollout, time-major. ``dones[t]`` is True when the transition at step ``t`` ended its episode."""
 
     obs: Shaped[Array, "T N *obs"]
-    actions: Int[Array, "T N"]
+    actions: Int[Array, "T N"] | Float[Array, "T N A"]
     logprobs: Float[Array, "T N"]
     values: Float[Array, "T N"]
     rewards: Float[Array, "T N"]
@@ -81,7 +81,7 @@ class Batch(NamedTuple):
     """A flat batch of transitions with their advantage estimates, the input of the PPO update."""
 
     obs: Shaped[Array, " B *obs"]
-    actions: Int[Array, " B"]
+    actions: Int[Array, " B"] | Float[Array, "B A"]
     logprobs: Float[Array, " B"]
     values: Float[Array, " B"]
     advantages: Float[Array, " B"]

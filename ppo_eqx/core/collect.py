@@ -73,7 +73,7 @@ def bootstrapping_step(env_step: EnvStep, model: ActorCritic, gamma: Discount) -
     then computes the bootstrapped advantages. One more critic evaluation a step; the reported return (the raw
     reward) is untouched."""
 
-    def step(handle: Any, actions: Int[Array, " N"]) -> tuple[Any, EnvOutput]:
+    def step(handle: Any, actions: Int[Array, " N"] | Float[Array, "N A"]) -> tuple[Any, EnvOutput]:
         handle, out = env_step(handle, actions)
         _, final_value = model(out.final_obs)
         return handle, out._replace(reward=truncation_bootstrap(out.reward, final_value, out.truncated, gamma=gamma))

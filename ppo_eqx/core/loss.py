@@ -14,9 +14,10 @@ from .hyperparameters import AgentHyperparameters
 from .networks import ActorCritic
 
 
-def normalize_advantages(advantages: Float[Array, " B"]) -> Float[Array, " B"]:
-    """``(a - mean) / (std + 1e-8)`` over the minibatch (CleanRL's ``norm_adv``)."""
-    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+def normalize_advantages(advantages: Float[Array, " B"], ddof: int = 0) -> Float[Array, " B"]:
+    """``(a - mean) / (std + 1e-8)`` over the minibatch (CleanRL's ``norm_adv``): the population's standard deviation
+    as its JAX scripts compute it (``ddof=0``), or the sample's as torch's ``std()`` in its torch scripts (1)."""
+    return (advantages - advantages.mean()) / (advantages.std(ddof=ddof) + 1e-8)
 
 
 @typechecked
@@ -29,6 +30,8 @@ def ppo_loss(
     advantages: Float[Array, " B"],
     returns: Float[Array, " B"],
     hyperparameters: AgentHyperparameters,
+    *,
+    std_ddof: int = 0,
 ) -> tuple[Float[Array, ""], LossInfo]:
     """CleanRL's PPO loss on a flat minibatch; every reduction is a mean over ``B``.
 
@@ -36,13 +39,14 @@ def ppo_loss(
     advantages are standardised within the minibatch, ``(a - mean) / (std + 1e-8)``. With ``clip_vloss``
     the value loss is the larger of the plain and the clipped squared error (CleanRL's torch version; its
     JAX version ignores the flag). The settings are one agent's ``hyperparameters`` (scalar arrays): both
-    sides of each flag are computed and one is selected.
+    sides of each flag are computed and one is selected. ``std_ddof`` 1: the advantages' standard deviation as
+    CleanRL's torch scripts compute it (``torch_model_loss``).
     """
     one_agent(hyperparameters, "ppo_loss")
     h = hyperparameters
     log_ratio = new_logprob - old_logprob
     ratio = jnp.exp(log_ratio)
-    advantages = jnp.where(h.norm_adv, normalize_advantages(advantages), advantages)
+    advantages = jnp.where(h.norm_adv, normalize_advantages(advantages, std_ddof), advantages)
     clipped_ratio = jnp.clip(ratio, 1 - h.clip_coef, 1 + h.clip_coef)
     policy_loss = jnp.maximum(-advantages * ratio, -advantages * clipped_ratio).mean()
     value_error = (new_value - returns) ** 2
@@ -83,6 +87,19 @@ def model_loss(
     )
 
 
+def torch_model_loss(
+    model: ActorCritic, batch: Batch, hyperparameters: AgentHyperparameters, *, prepared: bool = False
+) -> tuple[Float[Array, ""], LossInfo]:
+    """``model_loss`` as CleanRL's torch scripts compute it (``ppo_continuous_action.py``): the advantages
+    normalised by their sample standard deviation (torch's ``std()``). The loss ``loss="cleanrl-torch"`` names."""
+    new_logprob, entropy, new_value = model.evaluate_actions(batch.obs, batch.actions, prepared=prepared)
+    old = batch
+    return ppo_loss(
+        new_logprob, new_value, entropy, old.logprobs, old.values, old.advantages, old.returns, hyperparameters,
+        std_ddof=1,
+    )  # fmt: skip
+
+
 @runtime_checkable
 class Loss(Protocol):
     """What the update descends, one minibatch at a time: ``loss(model, minibatch, hyperparameters, *, prepared)``
@@ -103,10 +120,13 @@ class Loss(Protocol):
 
 
 def loss_named(name: str) -> Loss:
-    """The loss a config names (``PPOConfig.loss``): "cleanrl", ``model_loss``; or ``MODULE:ATTRIBUTE``, the
+    """The loss a config names (``PPOConfig.loss``): "cleanrl", ``model_loss``; "cleanrl-torch",
+    ``torch_model_loss``; or ``MODULE:ATTRIBUTE``, the
     user's, imported now (``core.user_code``; ConfigError for anything that goes wrong)."""
     if name == "cleanrl":
         return model_loss
+    if name == "cleanrl-torch":
+        return torch_model_loss
     from .user_code import import_object
 
     found = import_object(name, "loss")

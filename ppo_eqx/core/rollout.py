@@ -11,6 +11,7 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from ._types import AsyncTransition, EnvOutput, EpisodeStats, Observation, Transition
 from .checks import typechecked
 from .envs import AsyncEnv, EnvStep
+from .gaussian import GaussianActorCritic
 from .networks import ActorCritic, categorical_logprob_entropy
 
 
@@ -70,9 +71,13 @@ class RolloutCarry(NamedTuple):
 
 def _act(
     model: ActorCritic, obs: Observation, key: PRNGKeyArray, *, first_env: int = 0, total_envs: int | None = None
-) -> tuple[Int[Array, " N"], Float[Array, " N"], Float[Array, " N"]]:
-    """The policy's action for each observation (``sample_actions``), its log-probability, and the value."""
+) -> tuple[Int[Array, " N"] | Float[Array, "N A"], Float[Array, " N"], Float[Array, " N"]]:
+    """The policy's action for each observation (``sample_actions``; a continuous model's ``sample``), its
+    log-probability, and the value."""
     logits, value = model(obs)
+    if isinstance(model, GaussianActorCritic):  # logits are the mean of continuous actions
+        action, logprob = model.sample(key, logits, first_env=first_env, total_envs=total_envs)
+        return action, logprob, value
     action = sample_actions(key, logits, first_env=first_env, total_envs=total_envs)
     logprob, _ = categorical_logprob_entropy(logits, action)
     return action, logprob, value
@@ -97,7 +102,7 @@ def rollout(
     those envs would draw in one rollout over all ``total_envs`` (``sample_actions``).
     """
 
-    _check_rollout(env_step, carry, num_steps)
+    _check_rollout(model, env_step, carry, num_steps)
 
     def step(carry: RolloutCarry, step_key: PRNGKeyArray) -> tuple[RolloutCarry, Transition]:
         action, logprob, value = _act(model, carry.obs, step_key, first_env=first_env, total_envs=total_envs)
@@ -110,12 +115,16 @@ def rollout(
     return carry, transitions, last_value
 
 
-def _check_rollout(env_step: EnvStep, carry: RolloutCarry, num_steps: int) -> None:
+def _check_rollout(model: ActorCritic, env_step: EnvStep, carry: RolloutCarry, num_steps: int) -> None:
     """``num_steps`` >= 1, and ``env_step`` returning observations like ``carry.obs`` (its shapes, traced once
     with ``jax.eval_shape``), before the scan would fail on them deep inside jax."""
     if num_steps < 1:
         raise ValueError(f"rollout: num_steps={num_steps}; allowed: 1 or more")
-    actions = jax.ShapeDtypeStruct(carry.obs.shape[:1], jnp.int32)
+    num_envs = carry.obs.shape[:1]
+    continuous = isinstance(model, GaussianActorCritic)
+    actions = jax.ShapeDtypeStruct(
+        num_envs + (model.num_actions,) if continuous else num_envs, jnp.float32 if continuous else jnp.int32
+    )
     _, out = jax.eval_shape(env_step, carry.handle, actions)
     obs = getattr(out, "obs", None)
     if obs is None or (obs.shape, obs.dtype) != (carry.obs.shape, carry.obs.dtype):

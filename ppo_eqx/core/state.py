@@ -10,6 +10,7 @@ from jaxtyping import Array, Int, Key, PyTree, UInt32
 from ._types import EpisodeStats
 from .collect import Carry, Collector
 from .envs import EnvSpec
+from .gaussian import GaussianActorCritic
 from .hyperparameters import AgentHyperparameters, Hyperparameters, Sizes
 from .networks import ActorCritic, ConvRoute, NetworkInit
 from .rollout import init_episode_stats
@@ -94,8 +95,12 @@ def fresh_agent(
     """One agent's model (for ``spec``'s observations and actions), its optimizer's state (``make_optimizer``) and
     the key its run goes on with, from ``key``: split in two, the second half starts the model."""
     key, model_key = jax.random.split(key)
-    model = ActorCritic(
-        spec.obs_shape, spec.num_actions, kind=spec.kind, conv_impl=conv_impl, init=network_init, key=model_key
+    model = (
+        GaussianActorCritic(spec.obs_shape, spec.num_actions, init=network_init, key=model_key)
+        if spec.continuous
+        else ActorCritic(
+            spec.obs_shape, spec.num_actions, kind=spec.kind, conv_impl=conv_impl, init=network_init, key=model_key
+        )
     )
     opt_state = make_optimizer(hyperparameters, sizes).init(eqx.filter(model, eqx.is_array))
     return model, opt_state, key

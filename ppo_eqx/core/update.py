@@ -165,5 +165,6 @@ def _check_update(model: ActorCritic, batch: Batch, hyperparameters: AgentHyperp
             f"update: sizes.num_minibatches={sizes.num_minibatches} does not divide the batch of {size}; allowed: "
             f"a divisor of {size}"
         )
-    check_actions(batch.actions, model.num_actions, "update", "batch.actions")
+    if batch.actions.ndim == 1:  # discrete: each in the model's range (continuous actions are any real)
+        check_actions(batch.actions, model.num_actions, "update", "batch.actions")
     one_agent(hyperparameters, "update")

@@ -14,6 +14,8 @@ from ..config import PPOConfig
 from ..core._types import EpisodeStats
 from ..core.envs import EnvSpec, backend, derived_seeds
 from ..core.envs.jax_env import env_backend_of
+from ..core.envs.normalize import NormalizedHandle, normalize_pool
+from ..core.gaussian import GaussianActorCritic
 from ..core.networks import ActorCritic
 from ..core.rollout import RolloutCarry, init_episode_stats, sample_actions, update_episode_stats
 from .compiled import own_jit
@@ -56,6 +58,7 @@ def evaluate(
     greedy: bool = False,
     on_frame: Callable[[np.ndarray], None] | None = None,
     env: Any = None,
+    statistics: NormalizedHandle | None = None,
     seed: int,
     key: PRNGKeyArray,
 ) -> Evaluation:
@@ -65,7 +68,9 @@ def evaluate(
     from training's; an episode's return is the unclipped score summed until the game is over (all lives
     spent) or truncated, as training's ``episodic_return``. ``on_frame`` receives the screen
     (``[H, W, 3]`` uint8) before the first step and after every step of env 0's first game. ``env`` is the env
-    object a config of ``PPOConfig.for_task(env)`` was made for (as ``Trainer`` takes it).
+    object a config of ``PPOConfig.for_task(env)`` was made for (as ``Trainer`` takes it). A run that normalised its
+    observations (``config.normalize_obs``) plays with the statistics it trained to, frozen: ``statistics``, the
+    env handle of its checkpoint's carry (``normalization_of``); greedy continuous actions are the Gaussian's mean.
     """
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes={episodes!r}; allowed: an integer >= 1")
@@ -75,10 +80,19 @@ def evaluate(
     num_envs = min(episodes, MAX_ENVS)
     quotas = episode_quotas(episodes, num_envs)
     pool = chosen.make(config.env_id, eval_env_seeds(seed, num_envs), render=on_frame is not None)
+    if config.normalize_obs or config.normalize_reward:
+        if statistics is None:
+            raise ValueError(
+                f"evaluate: {config.env_id} was trained on normalised observations; allowed: statistics=, the env "
+                "handle of its checkpoint (ppo_eqx.host.evaluate.normalization_of)"
+            )
+        pool = normalize_pool(pool, gamma=config.gamma, obs=config.normalize_obs, reward=False, frozen=statistics)
 
     def act(model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Any, EpisodeStats]:
         logits, _ = model(carry.obs)
-        if greedy:
+        if isinstance(model, GaussianActorCritic):
+            action = logits if greedy else model.sample(key, logits)[0]
+        elif greedy:
             action = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         else:
             action = sample_actions(key, logits)
@@ -107,6 +121,13 @@ def evaluate(
     pool.close()
     games = [game for done in finished for game in done]
     return Evaluation([r for r, _ in games], [n for _, n in games])
+
+
+def normalization_of(checkpoint: Any) -> NormalizedHandle | None:
+    """The observation and return statistics in a checkpoint's carry (a run with ``normalize_obs`` or
+    ``normalize_reward``), else None."""
+    handle = getattr(getattr(checkpoint, "envs", None), "handle", None)
+    return handle if isinstance(handle, NormalizedHandle) else None
 
 
 def check_plays(model: ActorCritic, spec: EnvSpec) -> None:

@@ -7,6 +7,7 @@ from typing import NamedTuple
 from ..config import PPOConfig
 from ..core.collect import Collector, async_collector, jax_env_collector, sync_collector
 from ..core.envs import AsyncPool, EnvBackend, EnvThreads, Pool, segment_env_seeds
+from ..core.envs.normalize import normalize_pool
 
 
 class EnvShare(NamedTuple):
@@ -42,6 +43,9 @@ def make_collector(
         pool = env_backend.make_async(config.env_id, seeds, config.async_batch_size, threads=threads)
         return pool, async_collector(pool, num_steps=config.num_steps)
     pool = env_backend.make(config.env_id, seeds, threads=threads)
+    if config.normalize_obs or config.normalize_reward:
+        obs, reward = config.normalize_obs, config.normalize_reward
+        pool = normalize_pool(pool, gamma=config.gamma, obs=obs, reward=reward, num_agents=config.num_agents)
     if env_backend.state_is_data:
         collector = jax_env_collector(
             pool,

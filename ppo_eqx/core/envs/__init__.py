@@ -78,6 +78,13 @@ class EnvSpec(NamedTuple):
     """The env written in JAX that this spec is of (its ``JaxEnv``): it makes the envs again where a config's
     ``env_backend`` name cannot (an env object of the user's), and a checkpoint of their state loads into the tree it
     makes. None for host backends (EnvPool, ALE)."""
+    action_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    """For continuous actions (a box of ``num_actions`` dimensions): each dimension's lowest and highest value, to
+    which the backend clips the actions it is given (CleanRL's ``ClipAction``); None for discrete actions."""
+
+    @property
+    def continuous(self) -> bool:
+        return self.action_bounds is not None
 
 
 class Pool(NamedTuple):

@@ -46,7 +46,11 @@ def _spec(env_id: str) -> EnvSpec:
         spec = envpool.make_spec(env_id)
         space, observation_space = spec.action_space, spec.observation_space
     if not hasattr(space, "n"):
-        raise ConfigError(f"env_id={env_id!r} has a continuous action space; allowed: tasks with discrete actions")
+        raise ConfigError(
+            f"env_id={env_id!r} has continuous actions, which EnvPool's backend does not step yet (its MuJoCo tasks "
+            "are float64); allowed: EnvPool's discrete tasks, or continuous ones written in JAX: --env-backend "
+            "gymnax --env-id Pendulum-v1, or an env of yours (--env-id MODULE:CALLABLE)"
+        )
     shape, dtype = tuple(observation_space.shape), np.dtype(observation_space.dtype)
     # Atari tasks are those with episodic lives (every ``*-v5`` game).
     kind = "frames" if hasattr(spec.config, "episodic_life") else "vector"

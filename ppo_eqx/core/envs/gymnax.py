@@ -65,10 +65,12 @@ SUPPORTED = (
     "SpaceInvaders-MinAtar",
     "Asterix-MinAtar",
     "Freeway-MinAtar",
+    "Pendulum-v1",
+    "MountainCarContinuous-v0",
 )
-"""The gymnax ids this backend trains: classic control with discrete actions, and MinAtar (no sticky actions,
+"""The gymnax ids this backend trains: classic control with discrete actions, MinAtar (no sticky actions,
 gymnax's minimal action sets and time limits: 500 steps, 1000 for MinAtar, 2500 for Freeway, which never ends
-otherwise)."""
+otherwise), and classic control with continuous actions (a Gaussian policy: ``core.gaussian``)."""
 
 
 @functools.cache

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple, cast
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Int, PyTree, UInt32
+from jaxtyping import Array, Float, Int, PyTree, UInt32
 
 from ...errors import ConfigError
 from ...settings import is_import_path
@@ -111,6 +111,8 @@ class JaxEnv:
         self.env_id = env_id or env_name(env)
         self._probe = probe
         self._spec: EnvSpec | None = None
+        self._action_shape: tuple[int, ...] = ()
+        self._bounds: tuple[tuple[float, ...], tuple[float, ...]] | None | str = "not yet read"
         self._reset_program = jax.jit(self.reset)
 
     def __repr__(self) -> str:
@@ -154,9 +156,12 @@ class JaxEnv:
         obs, state = jax.vmap(self.env.reset, in_axes=(0, None))(split[:, 1], self.params)
         return JaxEnvHandle(_strong(state), split[:, 0]), self._obs(obs)
 
-    def step(self, handle: JaxEnvHandle, actions: Int[Array, " N"]) -> tuple[JaxEnvHandle, EnvOutput]:
+    def step(
+        self, handle: JaxEnvHandle, actions: Int[Array, " N"] | Float[Array, "N A"]
+    ) -> tuple[JaxEnvHandle, EnvOutput]:
         """Step every env once with its own key; ``EnvOutput`` as every backend gives it. Pure."""
         split = jax.vmap(jax.random.split)(handle.keys)  # each env's stream goes on alone
+        actions = self._env_actions(actions)
         outputs = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(split[:, 1], handle.state, actions, self.params)
         obs, state, reward, terminated, truncated, final_obs = _unpack(outputs)
         reward = reward.astype(jnp.float32)
@@ -164,6 +169,17 @@ class JaxEnv:
         time_limit = truncated & ~terminated
         out = EnvOutput(self._obs(obs), reward, done, reward, done, time_limit, self._obs(final_obs))
         return JaxEnvHandle(_strong(state), split[:, 0]), out
+
+    def _env_actions(self, actions: Array) -> Array:
+        """The actions as the env takes them: continuous ones (``[N, A]``) clipped to the action space's bounds, as
+        CleanRL's ``ClipAction`` (the unclipped sample is what the loss sees), in the space's shape."""
+        if isinstance(self._bounds, str):
+            self.spec()
+        bounds = self._bounds
+        if bounds is None or isinstance(bounds, str):
+            return actions
+        low, high = (jnp.asarray(b, jnp.float32) for b in bounds)
+        return jnp.clip(actions, low, high).reshape(actions.shape[:1] + self._action_shape)
 
     def _obs(self, obs: Array) -> Array:
         """A batch of the env's observations ``[N, ...]`` as the model takes them: float32 (uint8 frames as they
@@ -192,7 +208,10 @@ class JaxEnv:
                 "[H, W, C]) nor [C, H, W] uint8 frames; allowed: an observation_space of 0 to 3 dimensions"
             )
         obs_dtype = np.dtype(np.uint8 if kind == "frames" else np.float32)  # vectors and grids as float32
-        spec = EnvSpec(self.env_id, _model_shape(shape), obs_dtype, _actions(self.env_id, action_space), kind, self)
+        num_actions, bounds = _actions(self.env_id, action_space)
+        spec = EnvSpec(self.env_id, _model_shape(shape), obs_dtype, num_actions, kind, self, bounds)
+        self._action_shape = tuple(getattr(action_space, "shape", ())) if bounds is not None else ()
+        self._bounds = bounds  # before the probe below steps the envs
         self._check_shapes(spec, shape)
         if self._probe:
             self._check_values(spec)
@@ -216,7 +235,7 @@ class JaxEnv:
         key = jax.random.PRNGKey(0)
         obs, state = self._traced("reset(key, params)", lambda k: _pair(self.env.reset(k, self.params), spec), key)
         _check_array(spec, "reset's observation", obs, shape)
-        action = jnp.zeros((), jnp.int32)
+        action = jnp.zeros(self._action_shape, jnp.float32 if spec.continuous else jnp.int32)
         step = self.env.step
         outputs = self._traced(
             "step(key, state, action, params)", lambda k, s, a: step(k, s, a, self.params), key, state, action
@@ -243,7 +262,7 @@ class JaxEnv:
             handle, obs = self.reset(jnp.arange(PROBE_ENVS))
 
             def step(handle: JaxEnvHandle, key: Array) -> tuple[JaxEnvHandle, tuple[Array, Array]]:
-                actions = jax.random.randint(key, (PROBE_ENVS,), 0, spec.num_actions, jnp.int32)
+                actions = _random_actions(key, spec)
                 handle, out = self.step(handle, actions)
                 return handle, (jnp.all(jnp.isfinite(out.reward)), jnp.all(jnp.isfinite(out.obs.astype(jnp.float32))))
 
@@ -287,23 +306,50 @@ def _check_array(spec: EnvSpec, what: str, value: Any, shape: tuple[int, ...]) -
         raise ConfigError(f"{spec.env_id}: {what} is of dtype {value.dtype}; allowed: a number or bool")
 
 
-def _actions(env_id: str, space: Any) -> int:
-    """The number of discrete actions of ``space``; ConfigError for any other space."""
+def _actions(env_id: str, space: Any) -> tuple[int, tuple[tuple[float, ...], tuple[float, ...]] | None]:
+    """The number of discrete actions of ``space`` and None, or the dimensions of a box and its bounds (finite:
+    CleanRL clips the Gaussian's samples to them); ConfigError for any other space."""
     n = getattr(space, "n", None)
     if n is None:
-        shape = getattr(space, "shape", None)
-        kind = f"a box of shape {tuple(shape)}" if shape is not None else type(space).__name__
-        raise ConfigError(
-            f"{env_id}: action_space(params) is {kind}, not discrete; allowed: a discrete space with .n (continuous "
-            "actions are not trained yet)"
-        )
+        return _box(env_id, space)
     try:
         count = int(n)
     except (TypeError, ValueError):
         count = 0
     if count < 1 or count != n:
         raise ConfigError(f"{env_id}: action_space(params).n={n!r}; allowed: a positive integer")
-    return count
+    return count, None
+
+
+def _box(env_id: str, space: Any) -> tuple[int, tuple[tuple[float, ...], tuple[float, ...]]]:
+    shape, low, high = (getattr(space, name, None) for name in ("shape", "low", "high"))
+    if shape is None or low is None or high is None:
+        raise ConfigError(
+            f"{env_id}: action_space(params) is {type(space).__name__}; allowed: a discrete space with .n, or a box "
+            "with .shape, .low and .high"
+        )
+    shape = tuple(int(d) for d in shape)
+    if len(shape) > 1 or (shape and shape[0] < 1):
+        raise ConfigError(f"{env_id}: a box of actions of shape {shape}; allowed: () or (A,), a vector of actions")
+    size = shape[0] if shape else 1
+    try:
+        lows, highs = (np.broadcast_to(np.asarray(b, np.float64), (size,)) for b in (low, high))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{env_id}: the box's low and high do not fit its shape {shape}") from None
+    if not (np.all(np.isfinite(lows)) and np.all(np.isfinite(highs)) and np.all(lows < highs)):
+        raise ConfigError(
+            f"{env_id}: the box of actions has bounds low={lows.tolist()}, high={highs.tolist()}; allowed: finite "
+            "bounds, low < high (the Gaussian policy's samples are clipped to them)"
+        )
+    return size, (tuple(float(x) for x in lows), tuple(float(x) for x in highs))
+
+
+def _random_actions(key: Array, spec: EnvSpec) -> Array:
+    """Random actions of ``PROBE_ENVS`` envs: uniform over the discrete actions, or over the box."""
+    if spec.action_bounds is None:
+        return jax.random.randint(key, (PROBE_ENVS,), 0, spec.num_actions, jnp.int32)
+    low, high = (jnp.asarray(b, jnp.float32) for b in spec.action_bounds)
+    return jax.random.uniform(key, (PROBE_ENVS, spec.num_actions), jnp.float32, low, high)
 
 
 def _unpack(outputs: tuple) -> tuple[Array, PyTree, Array, Array, Array, Array]:

@@ -1,0 +1,128 @@
+"""CleanRL's continuous-control wrappers' arithmetic inside the program: observations normalised by their running
+mean and variance and clipped to +-10 (gymnasium's ``NormalizeObservation``, then ``TransformObservation``), rewards
+divided by the running standard deviation of the discounted return and clipped to +-10 (``NormalizeReward``, then
+``TransformReward``). ``raw_reward`` stays the env's, so the reported episodic return is the raw one, as CleanRL's
+``RecordEpisodeStatistics`` (the innermost wrapper) sees it.
+
+The statistics are one pool's (gymnasium's wrappers of a vector env), kept in the pool's handle, so they are in
+every checkpoint of the carry and a resumed run goes on with them, bit for bit. Every env holds a copy of its
+pool's statistics (leaves ``[N, ...]``): the handle then splits into agents (``jax_env_collector``) like any
+other, and each agent's envs keep their own. ``frozen`` plays with them unchanged (``ppo-eqx eval``).
+
+Where gymnasium's vector env resets an env after its last step, it updates the statistics with the terminal
+observation and then the reset one; an env written in JAX resets inside its step, so here each step's returned
+observation (the reset one, at an episode's end) updates them once. The arithmetic is float32 (gymnasium's is
+float64)."""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from .._types import EnvOutput
+from . import Pool
+
+CLIP = 10.0
+EPSILON = 1e-8
+"""Added to the variance before its square root (gymnasium's ``epsilon``)."""
+START_COUNT = 1e-4
+"""The count the moments start with (gymnasium's ``RunningMeanStd(epsilon=1e-4)``): mean 0, variance 1."""
+
+
+class Moments(NamedTuple):
+    """Running mean, variance and count (Chan et al.'s parallel update, as gymnasium's ``RunningMeanStd``)."""
+
+    mean: Float[Array, "N ..."]
+    var: Float[Array, "N ..."]
+    count: Float[Array, " N"]
+
+
+class NormalizedHandle(NamedTuple):
+    """The inner pool's handle, the observations' moments, the discounted returns' moments and each env's
+    discounted return so far."""
+
+    inner: Any
+    obs: Moments
+    returns: Moments
+    discounted: Float[Array, " N"]
+
+
+def fresh_moments(num_envs: int, shape: tuple[int, ...]) -> Moments:
+    return Moments(
+        jnp.zeros((num_envs, *shape), jnp.float32),
+        jnp.ones((num_envs, *shape), jnp.float32),
+        jnp.full((num_envs,), START_COUNT, jnp.float32),
+    )
+
+
+def updated(moments: Moments, batch: Float[Array, "N ..."]) -> Moments:
+    """The moments after ``batch`` (one row per env), copied back to every env."""
+    mean, var, count = moments.mean[0], moments.var[0], moments.count[0]
+    n = batch.shape[0]
+    batch_mean, batch_var = jnp.mean(batch, axis=0), jnp.var(batch, axis=0)
+    delta = batch_mean - mean
+    total = count + n
+    new_mean = mean + delta * n / total
+    new_var = (var * count + batch_var * n + delta * delta * count * n / total) / total
+    rows = (n,)
+    return Moments(
+        jnp.broadcast_to(new_mean, rows + new_mean.shape),
+        jnp.broadcast_to(new_var, rows + new_var.shape),
+        jnp.broadcast_to(total, rows),
+    )
+
+
+def _scaled_obs(moments: Moments, obs: Float[Array, "N D"]) -> Float[Array, "N D"]:
+    return jnp.clip((obs - moments.mean) / jnp.sqrt(moments.var + EPSILON), -CLIP, CLIP)
+
+
+def normalize_pool(
+    pool: Pool,
+    *,
+    gamma: float,
+    obs: bool = True,
+    reward: bool = True,
+    num_agents: int = 1,
+    frozen: NormalizedHandle | None = None,
+) -> Pool:
+    """``pool`` with its observations (``obs``) and rewards (``reward``) normalised as CleanRL's wrappers do, each of
+    its ``num_agents`` agents' envs (consecutive, as ``jax_env_collector`` splits them) with statistics of their own;
+    with ``frozen`` (a trained run's handle), by the statistics of its env 0, never updated."""
+    num_envs = pool.first_obs.shape[0]
+    first = jnp.asarray(pool.first_obs, jnp.float32)
+    obs_moments, returns_moments = fresh_moments(num_envs, first.shape[1:]), fresh_moments(num_envs, ())
+    if frozen is not None:
+        obs_moments, returns_moments = _copied(frozen.obs, num_envs), _copied(frozen.returns, num_envs)
+    elif obs:
+        per_agent = first.reshape(num_agents, -1, *first.shape[1:])
+        moments = jax.vmap(updated, in_axes=(None, 0))(fresh_moments(per_agent.shape[1], first.shape[1:]), per_agent)
+        obs_moments = Moments(*(x.reshape(num_envs, *x.shape[2:]) for x in moments))
+    handle = NormalizedHandle(pool.handle, obs_moments, returns_moments, jnp.zeros((num_envs,), jnp.float32))
+    first_obs = _scaled_obs(obs_moments, first) if obs else first
+    learn = frozen is None
+
+    def step(handle: NormalizedHandle, actions: Array) -> tuple[NormalizedHandle, EnvOutput]:
+        inner, out = pool.step(handle.inner, actions)
+        obs_moments, returns_moments, discounted = handle.obs, handle.returns, handle.discounted
+        new_obs, final_obs, rewards = out.obs, out.final_obs, out.reward
+        if obs:
+            if learn:
+                obs_moments = updated(obs_moments, out.obs)
+            new_obs, final_obs = _scaled_obs(obs_moments, out.obs), _scaled_obs(obs_moments, out.final_obs)
+        if reward:
+            terminated = out.done & ~out.truncated
+            discounted = discounted * gamma * (1.0 - terminated.astype(jnp.float32)) + out.reward
+            if learn:
+                returns_moments = updated(returns_moments, discounted)
+            rewards = jnp.clip(out.reward / jnp.sqrt(returns_moments.var + EPSILON), -CLIP, CLIP)
+        out = out._replace(obs=new_obs, final_obs=final_obs, reward=rewards)
+        return NormalizedHandle(inner, obs_moments, returns_moments, discounted), out
+
+    return pool._replace(handle=handle, step=step, first_obs=first_obs)
+
+
+def _copied(moments: Moments, num_envs: int) -> Moments:
+    """The moments of env 0 (of agent 0, where a run's handle is split into agents), for ``num_envs`` envs."""
+    first = (0,) * moments.count.ndim
+    return Moments(*(jnp.broadcast_to(x[first], (num_envs, *x[first].shape)) for x in moments))

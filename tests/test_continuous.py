@@ -1,0 +1,244 @@
+"""Continuous actions (issue 38): the Gaussian policy against a NumPy reference, CleanRL's wrappers' arithmetic
+against a NumPy loop of gymnasium's, and a box-action env of the user's trained, resumed and evaluated."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ppo_eqx
+from ppo_eqx.core._types import EnvOutput
+from ppo_eqx.core.envs import EnvSpec, Pool
+from ppo_eqx.core.envs.normalize import normalize_pool
+from ppo_eqx.core.gaussian import GaussianActorCritic, gaussian_logprob_entropy
+from ppo_eqx.core.networks import ActorCritic
+from ppo_eqx.errors import ConfigError
+
+from .user_env import Reach, Unbounded
+
+pytestmark = pytest.mark.unit
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    dims=st.integers(1, 4),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_log_probability_and_entropy_are_the_diagonal_gaussians(rows, dims, seed):
+    rng = np.random.default_rng(seed)
+    mean = rng.normal(size=(rows, dims))
+    log_std = rng.uniform(-2, 1, size=dims)
+    actions = mean + rng.normal(size=(rows, dims)) * np.exp(log_std) * 2
+    logprob, entropy = gaussian_logprob_entropy(*(jnp.asarray(x, jnp.float32) for x in (mean, log_std, actions)))
+    std = np.exp(log_std)
+    # The density of each dimension, multiplied (float64), its log; the entropy of N(m, s) is log(s sqrt(2 pi e)).
+    density = np.prod(np.exp(-((actions - mean) ** 2) / (2 * std**2)) / (std * math.sqrt(2 * math.pi)), axis=1)
+    np.testing.assert_allclose(logprob, np.log(density), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(entropy, np.full(rows, np.sum(np.log(std * math.sqrt(2 * math.pi * math.e)))), rtol=1e-5)
+
+
+def test_the_gaussian_model_starts_as_cleanrls_agent():
+    """Mean and critic: the 64-64 tanh MLPs of the discrete vector agent from the same key (orthogonal, gains
+    sqrt 2, 0.01 and 1); the log standard deviation a zero vector, one per action dimension."""
+    key = jax.random.PRNGKey(3)
+    model = GaussianActorCritic((5,), 2, key=key)
+    discrete = ActorCritic((5,), 2, key=key)
+    obs = jax.random.normal(jax.random.PRNGKey(4), (7, 5))
+    mean, value = model(obs)
+    logits, discrete_value = discrete(obs)
+    np.testing.assert_array_equal(mean, logits)
+    np.testing.assert_array_equal(value, discrete_value)
+    np.testing.assert_array_equal(model.log_std, np.zeros(2, np.float32))
+    assert model.num_actions == 2 and isinstance(model, ActorCritic)
+
+
+def test_a_share_of_envs_draws_what_those_envs_draw_in_the_whole_batch():
+    model = GaussianActorCritic((3,), 2, key=jax.random.PRNGKey(0))
+    mean = jax.random.normal(jax.random.PRNGKey(1), (8, 2))
+    key = jax.random.PRNGKey(2)
+    whole, whole_logprob = model.sample(key, mean)
+    part, part_logprob = model.sample(key, mean[3:6], first_env=3, total_envs=8)
+    np.testing.assert_array_equal(part, whole[3:6])
+    np.testing.assert_array_equal(part_logprob, whole_logprob[3:6])
+
+
+# --- CleanRL's wrappers' arithmetic ---------------------------------------------------------------------------------
+
+
+class RunningMeanStd:
+    """gymnasium's running moments (float64), as its ``NormalizeObservation`` and ``NormalizeReward`` keep them."""
+
+    def __init__(self, shape=()):
+        self.mean, self.var, self.count = np.zeros(shape), np.ones(shape), 1e-4
+
+    def update(self, batch):
+        batch_mean, batch_var, batch_count = batch.mean(axis=0), batch.var(axis=0), batch.shape[0]
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        m_2 = self.var * self.count + batch_var * batch_count + delta**2 * self.count * batch_count / total
+        self.mean, self.var, self.count = self.mean + delta * batch_count / total, m_2 / total, total
+
+
+def scripted_pool(obs: np.ndarray, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray) -> Pool:
+    """A pool whose step ``t`` returns row ``t + 1`` of ``obs`` and row ``t`` of the rest (its handle: ``t``)."""
+    spec = EnvSpec("Scripted", obs.shape[2:], np.dtype(np.float32), 1, "vector", None, ((-1.0,), (1.0,)))
+
+    def step(t, actions):
+        out = EnvOutput(
+            jnp.asarray(obs)[t + 1],
+            jnp.asarray(rewards)[t],
+            jnp.asarray(terminated | truncated)[t],
+            jnp.asarray(rewards)[t],
+            jnp.asarray(terminated | truncated)[t],
+            jnp.asarray(truncated & ~terminated)[t],
+            jnp.asarray(obs)[t + 1],
+        )
+        return t + 1, out
+
+    return Pool(spec, jnp.zeros((), jnp.int32), step, obs[0], lambda: None, lambda i: np.zeros(0))
+
+
+def test_observations_and_rewards_are_normalised_as_gymnasiums_wrappers_do():
+    rng = np.random.default_rng(0)
+    steps, num_envs, gamma = 40, 3, 0.99
+    obs = (rng.normal(size=(steps + 1, num_envs, 2)) * [5.0, 0.1] + [3.0, -1.0]).astype(np.float32)
+    obs[steps, 1, 0] = 1e4  # far out after 120 observations: more than 10 standard deviations, clipped
+    rewards = (rng.normal(size=(steps, num_envs)) * 20).astype(np.float32)
+    terminated = rng.random((steps, num_envs)) < 0.1
+    truncated = rng.random((steps, num_envs)) < 0.05
+    pool = normalize_pool(scripted_pool(obs, rewards, terminated, truncated), gamma=gamma)
+    # The reference: gymnasium's NormalizeObservation, clip +-10, NormalizeReward (terminated only), clip +-10.
+    obs_rms, ret_rms, returns = RunningMeanStd((2,)), RunningMeanStd(), np.zeros(num_envs)
+    obs_rms.update(obs[0].astype(np.float64))
+    expected_first = np.clip((obs[0] - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10, 10)
+    np.testing.assert_allclose(pool.first_obs, expected_first, rtol=1e-4, atol=1e-4)
+    step = jax.jit(pool.step)
+    handle = pool.handle
+    for t in range(steps):
+        handle, out = step(handle, jnp.zeros((num_envs, 1)))
+        obs_rms.update(obs[t + 1].astype(np.float64))
+        expected_obs = np.clip((obs[t + 1] - obs_rms.mean) / np.sqrt(obs_rms.var + 1e-8), -10, 10)
+        returns = returns * gamma * (1 - terminated[t]) + rewards[t]
+        ret_rms.update(returns)
+        expected_reward = np.clip(rewards[t] / np.sqrt(ret_rms.var + 1e-8), -10, 10)
+        np.testing.assert_allclose(out.obs, expected_obs, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(out.reward, expected_reward, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(out.raw_reward, rewards[t])  # the reported return stays raw
+        if t == steps - 1:
+            assert out.obs[1, 0] == 10.0  # the far observation, clipped
+
+
+def test_frozen_statistics_are_never_updated():
+    rng = np.random.default_rng(1)
+    obs = rng.normal(size=(6, 2, 3)).astype(np.float32)
+    zeros = np.zeros((5, 2), np.float32)
+    learning = normalize_pool(scripted_pool(obs, zeros, zeros > 0, zeros > 0), gamma=0.9)
+    handle = learning.handle
+    for _ in range(5):
+        handle, _ = learning.step(handle, jnp.zeros((2, 1)))
+    frozen = normalize_pool(scripted_pool(obs, zeros, zeros > 0, zeros > 0), gamma=0.9, frozen=handle)
+    played = frozen.handle
+    for _ in range(5):
+        played, out = frozen.step(played, jnp.zeros((2, 1)))
+    np.testing.assert_array_equal(played.obs.mean, jnp.broadcast_to(handle.obs.mean[0], (2, 3)))
+    expected = (obs[5] - np.asarray(handle.obs.mean[0])) / np.sqrt(np.asarray(handle.obs.var[0]) + 1e-8)
+    np.testing.assert_allclose(out.obs, expected, rtol=1e-5, atol=1e-5)
+
+
+# --- an env of the user's with a box of actions ---------------------------------------------------------------------
+
+
+def test_a_box_of_actions_gets_cleanrls_continuous_preset_and_is_clipped_on_its_way_in():
+    env = ppo_eqx.JaxEnv(Reach())
+    spec = env.spec()
+    assert spec.continuous and spec.num_actions == 1 and spec.action_bounds == ((-1.0,), (1.0,))
+    config = ppo_eqx.PPOConfig.for_task(Reach())
+    assert (config.num_envs, config.num_steps, config.num_minibatches, config.update_epochs) == (1, 2048, 32, 10)
+    assert (config.learning_rate, config.ent_coef, config.clip_vloss) == (3e-4, 0.0, True)
+    assert config.normalize_obs and config.normalize_reward and config.total_timesteps == 1_000_000
+    pool = env.pool([0, 1])
+    _, far = env.step(pool.handle, jnp.asarray([[50.0], [-50.0]]))
+    _, edge = env.step(pool.handle, jnp.asarray([[1.0], [-1.0]]))
+    np.testing.assert_array_equal(far.obs, edge.obs)  # clipped to [-1, 1] before the env moves
+
+
+def test_an_action_box_without_bounds_is_one_line():
+    with pytest.raises(ConfigError, match="finite bounds"):
+        ppo_eqx.JaxEnv(Unbounded()).spec()
+
+
+def test_normalisation_needs_envs_written_in_jax():
+    with pytest.raises(ConfigError, match="normalize_obs=True needs envs written in JAX"):
+        ppo_eqx.PPOConfig(env_id="CartPole-v1", normalize_obs=True).validate()
+
+
+@pytest.mark.compile
+def test_the_reach_env_is_learned_and_greedy_play_uses_the_frozen_statistics():
+    env = Reach()
+    config = ppo_eqx.PPOConfig.for_task(env, total_timesteps=40960, seed=2)
+    with ppo_eqx.Trainer(config, env=env) as trainer:
+        rows = list(ppo_eqx.run(trainer))
+        checkpoint = trainer.checkpoint()
+    first, last = rows[0]["episodic_return"], np.mean([row["episodic_return"] for row in rows[-3:]])
+    assert first < -8 and last > -4, (first, last)  # random actions: about -13; the best: about -1.5
+    statistics = ppo_eqx.normalization_of(checkpoint)
+    assert statistics is not None
+    played = ppo_eqx.evaluate(
+        checkpoint.model, config, episodes=8, greedy=True, env=env, statistics=statistics, seed=5,
+        key=jax.random.PRNGKey(0),
+    )  # fmt: skip
+    assert np.mean(played.returns) > -4, played.returns
+    with pytest.raises(ValueError, match="normalised observations"):
+        ppo_eqx.evaluate(checkpoint.model, config, episodes=1, env=env, seed=5, key=jax.random.PRNGKey(0))
+
+
+# --- through the command line ---------------------------------------------------------------------------------------
+
+REACH = ["--env-id", "tests.user_env:Reach", "--total-timesteps", "16384", "--checkpoint-every", "2"]
+REACH += ["--iterations-per-dispatch", "1", "--no-progress"]
+
+
+@pytest.mark.subprocess
+def test_a_resumed_continuous_run_goes_on_bit_for_bit_with_its_statistics(tmp_path):
+    from .comparisons import metrics
+    from .processes import ppo_eqx as command
+    from .processes import run_child
+    from .run_files import interrupted_copy
+
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    code, out, err = run_child(command("train", *REACH, "--run-dir", str(whole)))
+    assert code == 0, out + err
+    interrupted_copy(whole, resumed, at=4)
+    code, out, err = run_child(command("train", "--resume", str(resumed), "--no-progress"))
+    assert code == 0, out + err
+    assert metrics(resumed) == metrics(whole)
+    newest = "checkpoints/iter_000008.eqx"
+    assert (resumed / newest).read_bytes() == (whole / newest).read_bytes()  # the statistics are in the carry
+    code, out, err = run_child(command("eval", str(whole), "--episodes", "2", "--greedy"))
+    assert code == 0 and "over 2 episodes" in out[-1], out + err
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--env-id", "HalfCheetah-v4"], ("HalfCheetah-v4", "continuous", "Pendulum-v1")),
+        (["--env-id", "tests.user_env:Unbounded"], ("finite bounds",)),
+        (["--env-id", "Pong-v5", "--normalize-obs"], ("normalize_obs", "written in JAX")),
+    ],
+)
+def test_continuous_input_that_cannot_train_is_one_line(tmp_path, argv, words):
+    """EnvPool's MuJoCo tasks are float64: refused before its XLA step is ever made (in a child: a float64
+    buffer stepped as float32 ends a process with glibc's "corrupted double-linked list")."""
+    from .processes import ppo_eqx as command
+    from .processes import run_child
+
+    code, out, err = run_child(command("train", *argv, "--run-dir", str(tmp_path / "run")))
+    assert code == 2 and len(err) == 1 and err[0].startswith("ppo-eqx: error:"), out + err
+    assert all(word in err[0] for word in words), err
+    assert not (tmp_path / "run").exists()
