@@ -320,11 +320,10 @@ class PPOConfig(Hyperparameters):
         self._validate_sizes()
         self._validate_async()
         normalized = [name for name in ("normalize_obs", "normalize_reward") if getattr(self, name)]
-        if normalized and self.env_backend in ("envpool", "ale"):
+        if normalized and (self.env_backend == "ale" or self.async_batch_size):
             raise ConfigError(
-                f"{normalized[0]}=True needs envs written in JAX, whose state the program carries (the statistics "
-                f"are part of it), not env_backend={self.env_backend!r}; allowed: env_backend gymnax or jax, or "
-                f"{normalized[0]}=False"
+                f"{normalized[0]}=True needs a pool stepped at once by envpool, gymnax or jax, not env_backend="
+                f"{self.env_backend!r} with async_batch_size={self.async_batch_size}; allowed: {normalized[0]}=False"
             )
         if self.bootstrap_truncated and self.async_batch_size:
             raise ConfigError(

@@ -242,3 +242,30 @@ def test_continuous_input_that_cannot_train_is_one_line(tmp_path, argv, words):
     assert code == 2 and len(err) == 1 and err[0].startswith("ppo-eqx: error:"), out + err
     assert all(word in err[0] for word in words), err
     assert not (tmp_path / "run").exists()
+
+
+MUJOCO = ["--env-id", "Hopper-v4", "--num-steps", "256", "--num-minibatches", "4", "--update-epochs", "2"]
+MUJOCO += ["--total-timesteps", "2048", "--checkpoint-every", "2", "--no-progress"]
+
+
+@pytest.mark.subprocess
+def test_envpools_mujoco_trains_resumes_bit_for_bit_and_plays(tmp_path):
+    """EnvPool's float64 MuJoCo task stepped through its host API from inside the program (never its XLA call):
+    its normalisation statistics kept in each checkpoint (the envs are made afresh at each), a resume equal to the
+    whole run, and eval with the statistics frozen."""
+    from .comparisons import metrics
+    from .processes import ppo_eqx as command
+    from .processes import run_child
+    from .run_files import interrupted_copy
+
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    code, out, err = run_child(command("train", *MUJOCO, "--run-dir", str(whole)))
+    assert code == 0, out + err
+    interrupted_copy(whole, resumed, at=4)
+    code, out, err = run_child(command("train", "--resume", str(resumed), "--no-progress"))
+    assert code == 0, out + err
+    assert metrics(resumed) == metrics(whole)
+    newest = "checkpoints/iter_000008.eqx"
+    assert (resumed / newest).read_bytes() == (whole / newest).read_bytes()
+    code, out, err = run_child(command("eval", str(whole), "--episodes", "1"))
+    assert code == 0 and "over 1 episodes" in out[-1], out + err

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from ..config import PPOConfig, flag
 from ..core.envs import EnvBackend, EnvSpec, backend
+from ..core.envs.normalize import check_normalizable
 from ..core.loss import Loss, loss_named, model_loss
 from ..core.networks import ConvRoute
 from ..errors import ConfigError, UsageError
@@ -84,7 +85,9 @@ def plan_new(args: argparse.Namespace, environment: dict[str, str | None]) -> Pl
         raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds} and --sweep")
     run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
     chosen = backend(config.env_backend)
-    return Plan(config, run_dir, chosen, chosen.spec(config.env_id), environment, loss=loss_named(config.loss))
+    spec = chosen.spec(config.env_id)
+    check_normalizable(config.normalize_obs, config.normalize_reward, spec, config.async_batch_size)
+    return Plan(config, run_dir, chosen, spec, environment, loss=loss_named(config.loss))
 
 
 def plan_resume(args: argparse.Namespace, environment: dict[str, str | None]) -> Plan:

@@ -20,6 +20,7 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
 from ._types import Batch, EnvOutput, EpisodeStats
 from .envs import AsyncPool, EnvStep, Pool, agents_env_step
+from .envs.normalize import NormalizedHandle, kept
 from .gae import compute_gae, compute_gae_by_env, truncation_bootstrap
 from .networks import ActorCritic
 from .rollout import (
@@ -117,6 +118,7 @@ def sync_collector(
     first_env: int = 0,
     total_envs: int | None = None,
     bootstrap_truncated: bool = False,
+    renormalize: Callable[[NormalizedHandle], Pool] | None = None,
 ) -> Collector:
     """Roll out every env of ``pool`` ``num_steps`` times (``rollout``), then ``compute_gae``.
 
@@ -124,7 +126,8 @@ def sync_collector(
     one agent's, to be ``vmap``-ed over S (``agents_env_step``), and ``carry`` takes ``[S, N]`` statistics.
     ``first_env`` and ``total_envs`` say which envs of a larger run these are (one process's share, see
     ``rollout``). With ``bootstrap_truncated``, a time limit is bootstrapped from the value of the final
-    observation (``bootstrapping_step``).
+    observation (``bootstrapping_step``). A ``pool`` normalised by ``normalize_pool`` passes ``renormalize``, which
+    makes it again with a checkpoint's statistics: its checkpoints keep them (``normalize.kept``).
     """
     step = pool.step if num_agents == 1 else agents_env_step(pool.step, num_agents)
 
@@ -134,6 +137,14 @@ def sync_collector(
     collect = _rollout_collect(
         step, num_steps=num_steps, first_env=first_env, total_envs=total_envs, bootstrap_truncated=bootstrap_truncated
     )
+    if renormalize is not None:  # the statistics go on; the envs are made afresh
+
+        def restore(saved: RolloutCarry) -> RolloutCarry:
+            again = renormalize(saved.handle)
+            first_obs = _per_agent(jnp.asarray(again.first_obs), num_agents)
+            return RolloutCarry(again.handle, first_obs, fresh_episodes(saved.stats))
+
+        return Collector(carry, _no_prime, collect, kept, restore, True)
     return Collector(carry, _no_prime, collect, _stats_of, lambda stats: carry(fresh_episodes(stats)), True)
 
 

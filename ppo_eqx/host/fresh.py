@@ -78,11 +78,12 @@ def init_checkpoint(
 ) -> Checkpoint:
     """A fresh run's checkpoint: its agents (``fresh_agents``) with what a checkpoint keeps of its envs, the
     episode statistics or, where the backend's env state is data (default: ``spec.source``, the env written in JAX,
-    else ``config.env_backend``'s), the carry of the run's first envs. Under ``eqx.filter_eval_shape`` the "like"
+    else ``config.env_backend``'s), the carry of the run's first envs; for a host pool that normalises its envs, the
+    normalisation statistics too (``normalize.kept``). Under ``eqx.filter_eval_shape`` the "like"
     tree that a checkpoint loads into (making envs written in JAX is pure: nothing runs)."""
     checkpoint = fresh_agents(config, spec, conv_impl=conv_impl)
     env_backend = env_backend or cast(EnvBackend | None, spec.source) or backend(config.env_backend)
-    if not env_backend.state_is_data:
+    if not env_backend.state_is_data and not (config.normalize_obs or config.normalize_reward):
         return checkpoint
     _, collector = make_collector(env_backend, config, pool_env_seeds(config, 0), EnvShare())
     return eqx.tree_at(lambda c: c.envs, checkpoint, collector.save(collector.carry(checkpoint.envs)))

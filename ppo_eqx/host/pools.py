@@ -7,7 +7,7 @@ from typing import NamedTuple
 from ..config import PPOConfig
 from ..core.collect import Collector, async_collector, jax_env_collector, sync_collector
 from ..core.envs import AsyncPool, EnvBackend, EnvThreads, Pool, segment_env_seeds
-from ..core.envs.normalize import normalize_pool
+from ..core.envs.normalize import check_normalizable, normalize_pool
 
 
 class EnvShare(NamedTuple):
@@ -43,9 +43,18 @@ def make_collector(
         pool = env_backend.make_async(config.env_id, seeds, config.async_batch_size, threads=threads)
         return pool, async_collector(pool, num_steps=config.num_steps)
     pool = env_backend.make(config.env_id, seeds, threads=threads)
+    raw, renormalize = pool, None
     if config.normalize_obs or config.normalize_reward:
-        obs, reward = config.normalize_obs, config.normalize_reward
-        pool = normalize_pool(pool, gamma=config.gamma, obs=obs, reward=reward, num_agents=config.num_agents)
+        check_normalizable(config.normalize_obs, config.normalize_reward, pool.spec, config.async_batch_size)
+        settings = {
+            "gamma": config.gamma,
+            "obs": config.normalize_obs,
+            "reward": config.normalize_reward,
+            "num_agents": config.num_agents,
+            "shared": not env_backend.state_is_data,
+        }
+        pool = normalize_pool(raw, **settings)
+        renormalize = None if env_backend.state_is_data else lambda saved: normalize_pool(raw, **settings, start=saved)
     if env_backend.state_is_data:
         collector = jax_env_collector(
             pool,
@@ -61,5 +70,6 @@ def make_collector(
         first_env=share.first,
         total_envs=share.total,
         bootstrap_truncated=config.bootstrap_truncated,
+        renormalize=renormalize,
     )
     return pool, collector

@@ -220,7 +220,7 @@ def agents_env_step(env_step: EnvStep, num_seeds: int) -> EnvStep:
 
     @custom_batching.custom_vmap
     def step(handle: Any, actions: Int[Array, " N"]) -> tuple[Any, EnvOutput]:
-        handle, out = env_step(handle, jnp.tile(actions, num_seeds))
+        handle, out = env_step(handle, jnp.tile(actions, (num_seeds,) + (1,) * (actions.ndim - 1)))
         return handle, jax.tree.map(lambda x: x[: actions.shape[0]], out)
 
     @step.def_vmap
@@ -232,7 +232,7 @@ def agents_env_step(env_step: EnvStep, num_seeds: int) -> EnvStep:
             raise ValueError(f"vmap this env step over its {num_seeds} agents only, with one unbatched handle")
         if not actions_batched:
             actions = jnp.broadcast_to(actions, (num_seeds, *actions.shape))
-        handle, out = env_step(handle, actions.reshape(-1))
+        handle, out = env_step(handle, actions.reshape((-1, *actions.shape[2:])))  # [S*N] or continuous [S*N, A]
         out = jax.tree.map(lambda x: x.reshape((num_seeds, -1) + x.shape[1:]), out)
         return (handle, out), (jax.tree.map(lambda _: False, handle), jax.tree.map(lambda _: True, out))
 

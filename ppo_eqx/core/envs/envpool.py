@@ -8,12 +8,14 @@ the game over come from the step's info. EnvPool's XLA call is bound at trace ti
 import contextlib
 import functools
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import envpool
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 from jaxtyping import Array, Int
 
 from ...errors import ConfigError
@@ -46,11 +48,7 @@ def _spec(env_id: str) -> EnvSpec:
         spec = envpool.make_spec(env_id)
         space, observation_space = spec.action_space, spec.observation_space
     if not hasattr(space, "n"):
-        raise ConfigError(
-            f"env_id={env_id!r} has continuous actions, which EnvPool's backend does not step yet (its MuJoCo tasks "
-            "are float64); allowed: EnvPool's discrete tasks, or continuous ones written in JAX: --env-backend "
-            "gymnax --env-id Pendulum-v1, or an env of yours (--env-id MODULE:CALLABLE)"
-        )
+        return _continuous_spec(env_id, space, observation_space)
     shape, dtype = tuple(observation_space.shape), np.dtype(observation_space.dtype)
     # Atari tasks are those with episodic lives (every ``*-v5`` game).
     kind = "frames" if hasattr(spec.config, "episodic_life") else "vector"
@@ -85,6 +83,45 @@ def _env_output(timestep: tuple[Any, ...], atari: bool) -> EnvOutput:
     return EnvOutput(obs, reward.astype(jnp.float32), done, raw_reward, game_over, time_limit, obs)
 
 
+def _continuous_spec(env_id: str, space: Any, observation_space: Any) -> EnvSpec:
+    """A task with a box of actions (MuJoCo's): float64 observations and actions, which the pool steps through
+    EnvPool's host API (``_host_step``), its observations float32 in the program."""
+    shape = tuple(observation_space.shape)
+    low, high = np.asarray(space.low, np.float64).ravel(), np.asarray(space.high, np.float64).ravel()
+    if len(shape) != 1 or len(tuple(space.shape)) != 1 or not (np.isfinite(low).all() and np.isfinite(high).all()):
+        raise ConfigError(
+            f"env_id={env_id!r} has observations of shape {shape} and actions {space}; allowed: continuous tasks "
+            "with flat observations and bounded actions (EnvPool's MuJoCo gym tasks)"
+        )
+    bounds = (tuple(float(x) for x in low), tuple(float(x) for x in high))
+    return EnvSpec(env_id, shape, np.dtype(np.float32), int(low.size), "vector", None, bounds)
+
+
+def _host_step(pool: Any, spec: EnvSpec) -> Callable[[Any, Array], tuple[Any, EnvOutput]]:
+    """A step of a continuous pool as a call out of the program to EnvPool's host API, in order: the actions
+    clipped to the bounds (CleanRL's ``ClipAction``) and handed over as float64, the observations back as float32.
+    No XLA buffer of EnvPool's is made, so no float64 can be written into a float32 one."""
+    assert spec.action_bounds is not None
+    low, high = (np.asarray(b, np.float64) for b in spec.action_bounds)
+    num_envs = pool.config["num_envs"]
+    shapes = (
+        jax.ShapeDtypeStruct((num_envs, *spec.obs_shape), jnp.float32),
+        jax.ShapeDtypeStruct((num_envs,), jnp.float32),
+        jax.ShapeDtypeStruct((num_envs,), jnp.bool_),
+        jax.ShapeDtypeStruct((num_envs,), jnp.bool_),
+    )
+
+    def on_host(actions: np.ndarray) -> tuple[np.ndarray, ...]:
+        obs, reward, terminated, truncated, _ = pool.step(np.clip(np.asarray(actions, np.float64), low, high))
+        return obs.astype(np.float32), reward.astype(np.float32), terminated.astype(bool), truncated.astype(bool)
+
+    def step(handle: Any, actions: Array) -> tuple[Any, EnvOutput]:
+        obs, reward, terminated, truncated = io_callback(on_host, shapes, actions, ordered=True)
+        return handle, _env_output((obs, reward, terminated, truncated, {}), False)
+
+    return step
+
+
 class EnvPoolBackend:
     """``EnvBackend`` on EnvPool (synchronous pools, and EnvPool's async mode)."""
 
@@ -101,6 +138,12 @@ class EnvPoolBackend:
     ) -> Pool:
         pool = _make(env_id, seeds, threads, **({"render_mode": "rgb_array"} if render else {}))
         spec = _spec(env_id)
+        if spec.continuous:
+            with _quiet_gymnasium():
+                first_obs, _ = pool.reset()
+            render_env = lambda i: pool.render(env_ids=i)[0]  # noqa: E731
+            handle = jnp.zeros((), jnp.int32)
+            return Pool(spec, handle, _host_step(pool, spec), first_obs.astype(np.float32), pool.close, render_env)
         with _quiet_gymnasium():
             handle, _recv, _send, xla_step = pool.xla()
             first_obs, _ = pool.reset()
@@ -114,8 +157,10 @@ class EnvPoolBackend:
     def make_async(
         self, env_id: str, seeds: Sequence[int], batch_size: int, *, threads: EnvThreads = BACKEND_THREADS
     ) -> AsyncPool:
-        pool = _make(env_id, seeds, threads, batch_size=batch_size)
         spec = _spec(env_id)
+        if spec.continuous:
+            raise ConfigError(f"async_batch_size={batch_size} with {env_id}'s continuous actions; allowed: 0")
+        pool = _make(env_id, seeds, threads, batch_size=batch_size)
         with _quiet_gymnasium():
             handle, xla_recv, xla_send, _step = pool.xla()
             pool.async_reset()

@@ -20,8 +20,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from ...errors import ConfigError
 from .._types import EnvOutput
-from . import Pool
+from . import EnvSpec, Pool
 
 CLIP = 10.0
 EPSILON = 1e-8
@@ -77,6 +78,15 @@ def _scaled_obs(moments: Moments, obs: Float[Array, "N D"]) -> Float[Array, "N D
     return jnp.clip((obs - moments.mean) / jnp.sqrt(moments.var + EPSILON), -CLIP, CLIP)
 
 
+def updated_blocks(moments: Moments, batch: Float[Array, "N ..."], blocks: int) -> Moments:
+    """``updated`` for each of ``blocks`` consecutive blocks of envs (agents) on its own."""
+    if blocks == 1:
+        return updated(moments, batch)
+    split = jax.tree.map(lambda x: x.reshape(blocks, -1, *x.shape[1:]), (moments, batch))
+    joined = jax.vmap(updated)(*split)
+    return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), joined)
+
+
 def normalize_pool(
     pool: Pool,
     *,
@@ -84,23 +94,29 @@ def normalize_pool(
     obs: bool = True,
     reward: bool = True,
     num_agents: int = 1,
+    shared: bool = False,
     frozen: NormalizedHandle | None = None,
+    start: NormalizedHandle | None = None,
 ) -> Pool:
     """``pool`` with its observations (``obs``) and rewards (``reward``) normalised as CleanRL's wrappers do, each of
-    its ``num_agents`` agents' envs (consecutive, as ``jax_env_collector`` splits them) with statistics of their own;
-    with ``frozen`` (a trained run's handle), by the statistics of its env 0, never updated."""
+    its ``num_agents`` agents' envs (consecutive blocks) with statistics of their own. ``shared``: the agents step
+    the pool together (a host pool, ``agents_env_step``), so each step updates each block; otherwise each agent's
+    envs are split off and stepped alone (``jax_env_collector``). With ``frozen`` (a trained run's handle), by the
+    statistics of its env 0, never updated; with ``start`` (a checkpoint's), the statistics go on from its (the
+    first observations of these new envs are not added: a run's envs are made again at every checkpoint, and a
+    resumed run must count what the uninterrupted one counts)."""
     num_envs = pool.first_obs.shape[0]
     first = jnp.asarray(pool.first_obs, jnp.float32)
     obs_moments, returns_moments = fresh_moments(num_envs, first.shape[1:]), fresh_moments(num_envs, ())
     if frozen is not None:
         obs_moments, returns_moments = _copied(frozen.obs, num_envs), _copied(frozen.returns, num_envs)
-    elif obs:
-        per_agent = first.reshape(num_agents, -1, *first.shape[1:])
-        moments = jax.vmap(updated, in_axes=(None, 0))(fresh_moments(per_agent.shape[1], first.shape[1:]), per_agent)
-        obs_moments = Moments(*(x.reshape(num_envs, *x.shape[2:]) for x in moments))
+    elif start is not None:
+        obs_moments, returns_moments = start.obs, start.returns
+    if obs and frozen is None and start is None:
+        obs_moments = updated_blocks(obs_moments, first, num_agents)
     handle = NormalizedHandle(pool.handle, obs_moments, returns_moments, jnp.zeros((num_envs,), jnp.float32))
     first_obs = _scaled_obs(obs_moments, first) if obs else first
-    learn = frozen is None
+    learn, blocks = frozen is None, num_agents if shared else 1
 
     def step(handle: NormalizedHandle, actions: Array) -> tuple[NormalizedHandle, EnvOutput]:
         inner, out = pool.step(handle.inner, actions)
@@ -108,18 +124,40 @@ def normalize_pool(
         new_obs, final_obs, rewards = out.obs, out.final_obs, out.reward
         if obs:
             if learn:
-                obs_moments = updated(obs_moments, out.obs)
+                obs_moments = updated_blocks(obs_moments, out.obs, blocks)
             new_obs, final_obs = _scaled_obs(obs_moments, out.obs), _scaled_obs(obs_moments, out.final_obs)
         if reward:
             terminated = out.done & ~out.truncated
             discounted = discounted * gamma * (1.0 - terminated.astype(jnp.float32)) + out.reward
             if learn:
-                returns_moments = updated(returns_moments, discounted)
+                returns_moments = updated_blocks(returns_moments, discounted, blocks)
             rewards = jnp.clip(out.reward / jnp.sqrt(returns_moments.var + EPSILON), -CLIP, CLIP)
         out = out._replace(obs=new_obs, final_obs=final_obs, reward=rewards)
         return NormalizedHandle(inner, obs_moments, returns_moments, discounted), out
 
     return pool._replace(handle=handle, step=step, first_obs=first_obs)
+
+
+def check_normalizable(normalize_obs: bool, normalize_reward: bool, spec: EnvSpec, async_batch_size: int = 0) -> None:
+    """ConfigError unless a pool of ``spec``'s envs can be normalised: vector observations (frames and grids are
+    not), stepped synchronously."""
+    names = [n for n, on in (("normalize_obs", normalize_obs), ("normalize_reward", normalize_reward)) if on]
+    if not names:
+        return
+    if spec.kind != "vector":
+        raise ConfigError(
+            f"{names[0]}=True with {spec.env_id}'s {spec.kind} observations; allowed: tasks with vector observations "
+            f"(continuous control), or {names[0]}=False"
+        )
+    if async_batch_size:
+        raise ConfigError(f"{names[0]}=True with async_batch_size={async_batch_size}; allowed: async_batch_size=0")
+
+
+def kept(carry: Any) -> Any:
+    """What a checkpoint keeps of a host pool's carry whose handle is normalised: the statistics, without the
+    envs (a placeholder for the inner handle and the observations), beside the episode statistics."""
+    handle: NormalizedHandle = carry.handle
+    return carry._replace(handle=handle._replace(inner=jnp.zeros((), jnp.int32)), obs=jnp.zeros((), jnp.float32))
 
 
 def _copied(moments: Moments, num_envs: int) -> Moments:
