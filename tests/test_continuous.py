@@ -172,9 +172,14 @@ def test_an_action_box_without_bounds_is_one_line():
         ppo_eqx.JaxEnv(Unbounded()).spec()
 
 
-def test_normalisation_needs_envs_written_in_jax():
-    with pytest.raises(ConfigError, match="normalize_obs=True needs envs written in JAX"):
-        ppo_eqx.PPOConfig(env_id="CartPole-v1", normalize_obs=True).validate()
+def test_normalisation_needs_a_pool_stepped_at_once_and_vector_observations():
+    with pytest.raises(ConfigError, match="normalize_obs=True needs a pool stepped at once"):
+        ppo_eqx.PPOConfig(env_id="CartPole-v1", normalize_obs=True, async_batch_size=4, num_envs=8).validate()
+    from ppo_eqx.core.envs.normalize import check_normalizable
+
+    frames = EnvSpec("Pong-v5", (4, 84, 84), np.dtype(np.uint8), 6, "frames")
+    with pytest.raises(ConfigError, match="normalize_reward=True with Pong-v5's frames observations"):
+        check_normalizable(False, True, frames)
 
 
 @pytest.mark.compile
@@ -227,14 +232,14 @@ def test_a_resumed_continuous_run_goes_on_bit_for_bit_with_its_statistics(tmp_pa
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--env-id", "HalfCheetah-v4"], ("HalfCheetah-v4", "continuous", "Pendulum-v1")),
+        (["--env-id", "HalfCheetah-v4", "--num-envs", "4", "--async-batch-size", "2"], ("async_batch_size=2",)),
         (["--env-id", "tests.user_env:Unbounded"], ("finite bounds",)),
-        (["--env-id", "Pong-v5", "--normalize-obs"], ("normalize_obs", "written in JAX")),
+        (["--env-id", "Pong-v5", "--normalize-obs"], ("normalize_obs", "frames observations")),
     ],
 )
 def test_continuous_input_that_cannot_train_is_one_line(tmp_path, argv, words):
-    """EnvPool's MuJoCo tasks are float64: refused before its XLA step is ever made (in a child: a float64
-    buffer stepped as float32 ends a process with glibc's "corrupted double-linked list")."""
+    """Each refused before the run directory is made (in a child: a process that steps EnvPool's float64 XLA
+    buffers as float32 ends with glibc's "corrupted double-linked list")."""
     from .processes import ppo_eqx as command
     from .processes import run_child
 

@@ -33,9 +33,10 @@ from ...settings import is_import_path
 from .._types import EnvOutput, ObsKind
 from ..user_code import first_line, import_object
 from . import BACKEND_THREADS, AsyncPool, EnvSpec, EnvThreads, Pool
+from .spaces import PROBE_ENVS, action_space_of, random_actions
 
 INTERFACE = "an object with gymnax's interface (default_params, reset, step, action_space, observation_space)"
-PROBE_ENVS, PROBE_STEPS = 4, 32
+PROBE_STEPS = 32
 """A user env's first steps run once, with random actions, before it trains (``JaxEnv.check``)."""
 
 
@@ -208,7 +209,7 @@ class JaxEnv:
                 "[H, W, C]) nor [C, H, W] uint8 frames; allowed: an observation_space of 0 to 3 dimensions"
             )
         obs_dtype = np.dtype(np.uint8 if kind == "frames" else np.float32)  # vectors and grids as float32
-        num_actions, bounds = _actions(self.env_id, action_space)
+        num_actions, bounds = action_space_of(self.env_id, action_space)
         spec = EnvSpec(self.env_id, _model_shape(shape), obs_dtype, num_actions, kind, self, bounds)
         self._action_shape = tuple(getattr(action_space, "shape", ())) if bounds is not None else ()
         self._bounds = bounds  # before the probe below steps the envs
@@ -262,7 +263,7 @@ class JaxEnv:
             handle, obs = self.reset(jnp.arange(PROBE_ENVS))
 
             def step(handle: JaxEnvHandle, key: Array) -> tuple[JaxEnvHandle, tuple[Array, Array]]:
-                actions = _random_actions(key, spec)
+                actions = random_actions(key, spec)
                 handle, out = self.step(handle, actions)
                 return handle, (jnp.all(jnp.isfinite(out.reward)), jnp.all(jnp.isfinite(out.obs.astype(jnp.float32))))
 
@@ -304,52 +305,6 @@ def _check_array(spec: EnvSpec, what: str, value: Any, shape: tuple[int, ...]) -
         raise ConfigError(f"{spec.env_id}: {what} has {shown}; allowed: shape {tuple(shape)} (one env's)")
     if not (jnp.issubdtype(value.dtype, jnp.number) or value.dtype == jnp.bool_):
         raise ConfigError(f"{spec.env_id}: {what} is of dtype {value.dtype}; allowed: a number or bool")
-
-
-def _actions(env_id: str, space: Any) -> tuple[int, tuple[tuple[float, ...], tuple[float, ...]] | None]:
-    """The number of discrete actions of ``space`` and None, or the dimensions of a box and its bounds (finite:
-    CleanRL clips the Gaussian's samples to them); ConfigError for any other space."""
-    n = getattr(space, "n", None)
-    if n is None:
-        return _box(env_id, space)
-    try:
-        count = int(n)
-    except (TypeError, ValueError):
-        count = 0
-    if count < 1 or count != n:
-        raise ConfigError(f"{env_id}: action_space(params).n={n!r}; allowed: a positive integer")
-    return count, None
-
-
-def _box(env_id: str, space: Any) -> tuple[int, tuple[tuple[float, ...], tuple[float, ...]]]:
-    shape, low, high = (getattr(space, name, None) for name in ("shape", "low", "high"))
-    if shape is None or low is None or high is None:
-        raise ConfigError(
-            f"{env_id}: action_space(params) is {type(space).__name__}; allowed: a discrete space with .n, or a box "
-            "with .shape, .low and .high"
-        )
-    shape = tuple(int(d) for d in shape)
-    if len(shape) > 1 or (shape and shape[0] < 1):
-        raise ConfigError(f"{env_id}: a box of actions of shape {shape}; allowed: () or (A,), a vector of actions")
-    size = shape[0] if shape else 1
-    try:
-        lows, highs = (np.broadcast_to(np.asarray(b, np.float64), (size,)) for b in (low, high))
-    except (TypeError, ValueError):
-        raise ConfigError(f"{env_id}: the box's low and high do not fit its shape {shape}") from None
-    if not (np.all(np.isfinite(lows)) and np.all(np.isfinite(highs)) and np.all(lows < highs)):
-        raise ConfigError(
-            f"{env_id}: the box of actions has bounds low={lows.tolist()}, high={highs.tolist()}; allowed: finite "
-            "bounds, low < high (the Gaussian policy's samples are clipped to them)"
-        )
-    return size, (tuple(float(x) for x in lows), tuple(float(x) for x in highs))
-
-
-def _random_actions(key: Array, spec: EnvSpec) -> Array:
-    """Random actions of ``PROBE_ENVS`` envs: uniform over the discrete actions, or over the box."""
-    if spec.action_bounds is None:
-        return jax.random.randint(key, (PROBE_ENVS,), 0, spec.num_actions, jnp.int32)
-    low, high = (jnp.asarray(b, jnp.float32) for b in spec.action_bounds)
-    return jax.random.uniform(key, (PROBE_ENVS, spec.num_actions), jnp.float32, low, high)
 
 
 def _unpack(outputs: tuple) -> tuple[Array, PyTree, Array, Array, Array, Array]:
