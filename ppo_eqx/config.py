@@ -94,7 +94,10 @@ class PPOConfig(Hyperparameters):
         1, "unroll of the scan over minibatch steps; larger compiles slower (ppo_eqx's own)", within=POSITIVE
     )
     checkpoint_every: int = config_field(
-        200, "iterations between checkpoints, where the envs are re-seeded (ppo_eqx's own)", within=POSITIVE
+        200,
+        "iterations between checkpoints, where a host backend's envs (EnvPool, ALE) are made afresh, seeded from "
+        "(seed, iteration); envs written in JAX go on (ppo_eqx's own)",
+        within=POSITIVE,
     )
     num_seeds: int = config_field(
         1, "independent agents trained at once, seeds seed .. seed+num_seeds-1 (ppo_eqx's own)", within=POSITIVE

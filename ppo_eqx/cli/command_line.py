@@ -188,14 +188,15 @@ def _add_eval_command(commands: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="ppo-eqx", description="PPO on EnvPool's XLA interface, in JAX and Equinox.")
+    parser = _Parser(prog="ppo-eqx", description="CleanRL's PPO in JAX and Equinox: Atari, MinAtar, MuJoCo, your envs.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = commands.add_parser(
         "train",
         help="train an agent",
         description="Train PPO with CleanRL's defaults. Atari games use CleanRL's ppo_atari_envpool_xla_jax "
-        "settings; vector-observation tasks (CartPole-v1, ...) default to CleanRL's ppo.py settings "
-        "(total-timesteps 500000, num-envs 4, clip-coef 0.2). Explicit flags win over both.",
+        "settings; vector-observation tasks (CartPole-v1, ...) its ppo.py settings; MinAtar grids gymnax-blines'; "
+        "continuous tasks (HalfCheetah-v4, Pendulum-v1, ...) its ppo_continuous_action.py settings. Explicit flags "
+        "win over all.",
     )
     add_config_flags(train)
     _add_run_flags(train)

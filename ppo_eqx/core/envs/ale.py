@@ -131,7 +131,7 @@ def _reset(env: AtariVectorEnv, seeds: Sequence[int]) -> tuple[np.ndarray, dict[
 
 
 class AleBackend:
-    """``EnvBackend`` on ALE's vector env (synchronous pools, and ALE's ``batch_size`` async mode)."""
+    """``EnvBackend`` on ALE's vector env: synchronous pools only (its async mode is refused)."""
 
     name = "ale"
     rebinds = True
