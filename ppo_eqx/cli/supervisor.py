@@ -34,6 +34,7 @@ from ..host.trainer import Trainer
 from .hardware import hardware_info
 from .interrupts import EARLY, SIGNALS, exit_status, say
 from .plan import Plan
+from .schedule import checkpoint_reason, is_boundary, stops_after
 from .writers import RunWriter, start_wandb
 
 MOVED = "moved"
@@ -323,7 +324,8 @@ class Supervisor:
             )
 
     def _boundary(self, iteration: int) -> bool:
-        return iteration % self.config.checkpoint_every == 0 or iteration == self.config.num_iterations
+        config = self.config
+        return is_boundary(iteration, checkpoint_every=config.checkpoint_every, num_iterations=config.num_iterations)
 
     def _pause(self, iteration: int) -> bool:
         """Whether the loop must leave the state of ``iteration`` in place (not dispatch the next one): a
@@ -338,16 +340,20 @@ class Supervisor:
         return self.trainer.iteration == iteration
 
     def _save_if_due(self, iteration: int) -> None:
-        """A checkpoint at segment boundaries, at the end, and on a stop request."""
-        if not self._state_is_of(iteration):
-            return
-        boundary = self._boundary(iteration)
-        if boundary or self.stop.signal:
-            self._save(iteration, "periodic" if boundary else self.stop.signal or "stop")
+        """A checkpoint at segment boundaries, at the end, and on a stop request (``schedule``)."""
+        config, current = self.config, self._state_is_of(iteration)
+        reason = checkpoint_reason(
+            iteration,
+            checkpoint_every=config.checkpoint_every,
+            num_iterations=config.num_iterations,
+            stop=self.stop.signal,
+            current=current,
+        )
+        if reason is not None:
+            self._save(iteration, reason)
 
     def _stops_after(self, iteration: int) -> bool:
-        """Whether the loop stops after ``iteration``: a stop was requested and the state is that iteration's."""
-        return self._state_is_of(iteration) and self.stop.signal is not None
+        return stops_after(stop=self.stop.signal, current=self._state_is_of(iteration))
 
     def _save(self, iteration: int, reason: str) -> None:
         checkpoint = self.trainer.checkpoint()  # collective: every process takes part
