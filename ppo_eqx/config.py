@@ -213,11 +213,6 @@ class PPOConfig(Hyperparameters):
             for s in range(self.num_seeds)
         ]
 
-    def agent_values(self) -> dict[str, list[Any]]:
-        """Each swept hyperparameter's value for every agent (``num_agents`` of them); ``{}`` without a sweep."""
-        agents = self.agent_configs()
-        return {name: [getattr(agent, name) for agent in agents] for name, _ in self.sweep}
-
     def agent_names(self) -> list[str]:
         """A name for each agent, unique in the run: ``seedK``, under a sweep ``SETTING/seedK`` with the setting
         written as its flags, ``learning-rate=0.001,norm-adv=false``."""

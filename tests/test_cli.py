@@ -54,8 +54,8 @@ def test_the_cpu_kernel_where_it_cannot_build_is_refused_before_anything_is_writ
     argv = ["train", "--env-id", "Breakout-v5", "--conv-impl", "kernel", "--run-dir", str(tmp_path / "run")]
     assert main(argv) == 2
     line = error_line(capsys)
-    assert "--conv-impl kernel: " in line and "no-compiler could not build cpu_kernel.cc" in line
-    assert "use --conv-impl auto or matmul" in line
+    assert "--conv-impl kernel is unavailable: " in line and "no-compiler could not build cpu_kernel.cc" in line
+    assert "--conv-impl kernel is unavailable" in line and "allowed: auto, matmul or xla" in line
     assert not (tmp_path / "run").exists()
 
 

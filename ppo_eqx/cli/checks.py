@@ -12,7 +12,7 @@ from ..config import PPOConfig
 from ..core.envs import EnvSpec
 from ..core.networks import GRID_HIDDEN, ConvRoute
 from ..errors import UsageError
-from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
+from ..host.conv_route import kernel_refusal, kernel_unavailable_reason, resolve_conv_impl_for
 
 
 def check_addresses(args: argparse.Namespace) -> None:
@@ -64,7 +64,7 @@ def conv_route(config: PPOConfig, spec: EnvSpec) -> ConvRoute:
     if config.conv_impl == "kernel":
         reason = kernel_unavailable_reason()
         if reason is not None:
-            raise UsageError(f"--conv-impl kernel: {reason}; use --conv-impl auto or matmul")
+            raise UsageError(kernel_refusal(reason, "--conv-impl kernel"))
     return resolve_conv_impl_for(config.conv_impl, spec)  # type: ignore[arg-type]  # validated by PPOConfig
 
 

@@ -13,6 +13,7 @@ from ..core.loss import Loss, loss_named, model_loss
 from ..core.networks import ConvRoute
 from ..errors import ConfigError, UsageError
 from ..host.checkpoint import CheckpointFile
+from ..host.placement import check_rollout_place
 from ..host.resume import read_run
 from ..host.rundir import CONFIG, agent_dirs
 
@@ -60,11 +61,7 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
     env_id = PPOConfig.env_id if args.env_id is None else args.env_id
     config = PPOConfig.for_task(env_id, args.env_backend, **values)  # None: by the id (for_task)
     env_backend = backend(config.env_backend)
-    if config.rollout_on == "host" and env_backend.state_is_data:
-        raise ConfigError(
-            f"rollout_on='host' steps host envs (EnvPool, ALE) on the host's CPU, and {env_backend.name}'s envs run "
-            "inside the program; allowed: rollout_on='device' or 'auto'"
-        )
+    check_rollout_place(config.rollout_on, env_backend.name, state_is_data=env_backend.state_is_data)
     if config.async_batch_size and not env_backend.has_async:
         raise ConfigError(
             f"async_batch_size={config.async_batch_size} is not possible with --env-backend {env_backend.name}; "

@@ -24,6 +24,7 @@ from ..core.state import Checkpoint
 from ..errors import NonFiniteError, RunDirError, RunError
 from ..host.checkpoint import save_checkpoint
 from ..host.conv_route import auto_note
+from ..host.hardware import hardware_info
 from ..host.loop import run_agents
 from ..host.mesh import MeshPlacement, any_process
 from ..host.ownership import never_trained
@@ -31,7 +32,6 @@ from ..host.placement import placement_for, rollout_record
 from ..host.run_directory import RunDirectory
 from ..host.rundir import METRICS, SUMMARY, checked_metrics
 from ..host.trainer import Trainer
-from .hardware import hardware_info
 from .interrupts import EARLY, SIGNALS, exit_status, say
 from .plan import Plan
 from .schedule import checkpoint_reason, is_boundary, stops_after

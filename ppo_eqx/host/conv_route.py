@@ -13,6 +13,11 @@ from ..errors import ConfigError
 from . import kernel_build
 
 
+def kernel_refusal(reason: str, name: str = "conv_impl='kernel'") -> str:
+    """The one line that refuses the kernel route (``name``: how the user asked for it) and says why."""
+    return f"{name} is unavailable: {reason}; allowed: auto, matmul or xla"
+
+
 def kernel_unavailable_reason(platform: str | None = None, *, build: bool = True) -> str | None:
     """Why the "kernel" route cannot run on ``platform`` (default: jax's default backend): it is not the CPU, or
     the kernel does not build (``build``), or is not built (not ``build``); None when it can."""
@@ -36,7 +41,7 @@ def resolve_conv_impl(conv_impl: ConvImpl, obs_shape: tuple[int, ...], *, platfo
         return "kernel" if kernel_unavailable_reason(platform, build=False) is None else "matmul"
     reason = kernel_unavailable_reason(platform)
     if reason is not None:
-        raise ConfigError(f"conv_impl='kernel' is unavailable: {reason}; allowed: auto, matmul or xla")
+        raise ConfigError(kernel_refusal(reason))
     return "kernel"
 
 
@@ -69,4 +74,4 @@ def ready(route: ConvRoute) -> None:
         return
     reason = kernel_unavailable_reason("cpu")
     if reason is not None:
-        raise ConfigError(f"conv_impl='kernel' is unavailable: {reason}; allowed: auto, matmul or xla")
+        raise ConfigError(kernel_refusal(reason))

@@ -112,16 +112,21 @@ def rollout_place(rollout_on: str) -> str:
     return "device" if rollout_on == "auto" else rollout_on
 
 
+def check_rollout_place(rollout_on: str, env_backend: str, *, state_is_data: bool) -> None:
+    """ConfigError where ``rollout_on`` would step on the host's CPU envs that run inside the program."""
+    if rollout_place(rollout_on) == "host" and state_is_data:
+        raise ConfigError(
+            f"rollout_on={rollout_on!r} steps host envs (EnvPool, ALE) on the host's CPU, and {env_backend}'s envs "
+            "run inside the program; allowed: rollout_on='device' or 'auto'"
+        )
+
+
 def placement_for(config: PPOConfig, spec: EnvSpec, *, state_is_data: bool) -> Placement:
     """The placement ``config.rollout_on`` asks for here: ``OneDevice``, or the rollout on the host's CPU and the
     learning on the default device (``SplitPlacement``, its rollout's convolutions on the CPU's route)."""
     if rollout_place(config.rollout_on) == "device":
         return OneDevice()
-    if state_is_data:
-        raise ConfigError(
-            f"rollout_on={config.rollout_on!r} steps host envs (EnvPool, ALE) on the host's CPU, and "
-            f"{config.env_backend}'s envs run inside the program; allowed: rollout_on='device' or 'auto'"
-        )
+    check_rollout_place(config.rollout_on, config.env_backend, state_is_data=state_is_data)
     from .conv_route import resolve_conv_impl_for
     from .split import SplitPlacement
 
