@@ -1,0 +1,86 @@
+"""The docs name what exists: every back-quoted path in README.md and docs/*.md is a file or folder of this
+checkout, every back-quoted ``ppo_eqx.NAME`` imports, and every back-quoted ``--flag`` is one of ``ppo-eqx``'s or of
+a script in bench/ (issue 39: text that is false today stays caught)."""
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+from ppo_eqx.cli.command_line import build_parser
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
+SPAN = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+PATH = re.compile(r"^(ppo_eqx|ppo_eqx_bench|tests|bench|docs|constraints|\.ci)/[\w./*-]*$|^(pyproject\.toml|tox\.ini)$")
+DOTTED = re.compile(r"^ppo_eqx(\.[A-Za-z_]\w*)+$")
+FLAG = re.compile(r"^--[a-z][a-z0-9-]+(?=[\s=]|$)")
+PLACEHOLDERS = ("NAME", "--flag")
+"""Spans that stand for any name: a path pattern (``tests/test_NAME.py``), a flag in general."""
+
+
+def spans() -> list[tuple[str, str]]:
+    found = []
+    for doc in DOCS:
+        text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)  # code blocks are run or read elsewhere
+        found += [(doc.name, span.strip()) for span in SPAN.findall(text) if not any(p in span for p in PLACEHOLDERS)]
+    return found
+
+
+def ppo_eqx_flags() -> set[str]:
+    flags: set[str] = set()
+    stack = [build_parser()]
+    while stack:
+        parser = stack.pop()
+        for action in parser._actions:
+            flags.update(option for option in action.option_strings if option.startswith("--"))
+            stack.extend(getattr(action, "choices", None).values() if isinstance(action.choices, dict) else [])
+    return flags
+
+
+def bench_text() -> str:
+    return "\n".join(path.read_text() for path in (ROOT / "bench").rglob("*.py"))
+
+
+def resolves(name: str) -> bool:
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            thing = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attribute in parts[cut:]:
+                thing = getattr(thing, attribute)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def test_back_quoted_paths_exist():
+    missing = []
+    for doc, span in spans():
+        if PATH.match(span):
+            path = span.rstrip("/")
+            if not (list(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()):
+                missing.append((doc, span))
+    assert not missing, missing
+
+
+def test_back_quoted_ppo_eqx_names_import():
+    wrong = [(doc, span) for doc, span in spans() if DOTTED.match(span) and not resolves(span)]
+    assert not wrong, wrong
+
+
+def test_back_quoted_flags_are_ppo_eqx_or_bench_flags():
+    known, bench = ppo_eqx_flags(), bench_text()
+    unknown = []
+    for doc, span in spans():
+        match = FLAG.match(span)
+        if match and match.group(0) not in known and f'"{match.group(0)}"' not in bench:
+            unknown.append((doc, span))
+    assert not unknown, unknown
