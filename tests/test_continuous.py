@@ -235,6 +235,7 @@ def test_a_resumed_continuous_run_goes_on_bit_for_bit_with_its_statistics(tmp_pa
         (["--env-id", "HalfCheetah-v4", "--num-envs", "4", "--async-batch-size", "2"], ("async_batch_size=2",)),
         (["--env-id", "tests.user_env:Unbounded"], ("finite bounds",)),
         (["--env-id", "Pong-v5", "--normalize-obs"], ("normalize_obs", "frames observations")),
+        (["--env-id", "CheetahRun-v1"], ("CheetahRun-v1", "observations Dict")),  # dm_control's
     ],
 )
 def test_continuous_input_that_cannot_train_is_one_line(tmp_path, argv, words):
@@ -247,6 +248,30 @@ def test_continuous_input_that_cannot_train_is_one_line(tmp_path, argv, words):
     assert code == 2 and len(err) == 1 and err[0].startswith("ppo-eqx: error:"), out + err
     assert all(word in err[0] for word in words), err
     assert not (tmp_path / "run").exists()
+
+
+def test_envpools_box_task_steps_under_jit_as_its_host_api_does():
+    """In this process, under pytest's jaxtyping checks: EnvPool's Pendulum-v1 (float64 actions) stepped from a
+    jitted function through its host API equals a second pool stepped directly with the clipped actions."""
+    import envpool
+
+    from ppo_eqx.core.envs import backend
+
+    pool = backend("envpool").make("Pendulum-v1", [5, 6, 7])
+    twin = envpool.make("Pendulum-v1", env_type="gymnasium", num_envs=3, seed=5, env_seed=[5, 6, 7])
+    low, high = (np.asarray(b) for b in pool.spec.action_bounds)
+    step = jax.jit(pool.step)
+    handle, actions = pool.handle, np.random.default_rng(0).normal(0, 3, (4, 3, 1)).astype(np.float32)
+    try:
+        np.testing.assert_allclose(pool.first_obs, twin.reset()[0].astype(np.float32))
+        for row in actions:
+            handle, out = step(handle, jnp.asarray(row))
+            obs, reward, *_ = twin.step(np.clip(row.astype(np.float64), low, high))
+            np.testing.assert_allclose(np.asarray(out.obs), obs.astype(np.float32))
+            np.testing.assert_allclose(np.asarray(out.reward), reward.astype(np.float32))
+    finally:
+        pool.close()
+        twin.close()
 
 
 MUJOCO = ["--env-id", "Hopper-v4", "--num-steps", "256", "--num-minibatches", "4", "--update-epochs", "2"]

@@ -10,6 +10,7 @@ there would be a callback in every step.
 """
 
 import dataclasses
+import types
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -42,9 +43,15 @@ def check_fields(container: tuple, argument: str, where: str) -> None:
             if not isinstance(value, hint):
                 fields = ", ".join(f"{field} {_shown(getattr(container, field))}" for field in container._fields)  # pyright: ignore[reportAttributeAccessIssue]
                 raise TypeError(
-                    f"{where}: {argument}.{name} is {_shown(value)}, not {hint.__name__} beside the other fields "
+                    f"{where}: {argument}.{name} is {_shown(value)}, not {_hint_name(hint)} beside the other fields "
                     f"({fields})"
                 )
+
+
+def _hint_name(hint: Any) -> str:
+    """``Float[Array, 'B A']``'s name, or ``a or b`` for a union of annotations."""
+    parts = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    return " or ".join(getattr(part, "__name__", str(part)) for part in parts)
 
 
 def _shown(value: Any) -> str:

@@ -86,12 +86,13 @@ def _env_output(timestep: tuple[Any, ...], atari: bool) -> EnvOutput:
 def _continuous_spec(env_id: str, space: Any, observation_space: Any) -> EnvSpec:
     """A task with a box of actions (MuJoCo's): float64 observations and actions, which the pool steps through
     EnvPool's host API (``_host_step``), its observations float32 in the program."""
-    shape = tuple(observation_space.shape)
+    shape = tuple(getattr(observation_space, "shape", None) or ())  # dm_control's observations: a dict, no shape
     low, high = np.asarray(space.low, np.float64).ravel(), np.asarray(space.high, np.float64).ravel()
     if len(shape) != 1 or len(tuple(space.shape)) != 1 or not (np.isfinite(low).all() and np.isfinite(high).all()):
+        observed = shape or type(observation_space).__name__
         raise ConfigError(
-            f"env_id={env_id!r} has observations of shape {shape} and actions {space}; allowed: continuous tasks "
-            "with flat observations and bounded actions (EnvPool's MuJoCo gym tasks)"
+            f"env_id={env_id!r} has observations {observed} and actions {space}; allowed: continuous tasks with "
+            "flat observations and bounded actions (EnvPool's MuJoCo gym tasks)"
         )
     bounds = (tuple(float(x) for x in low), tuple(float(x) for x in high))
     return EnvSpec(env_id, shape, np.dtype(np.float32), int(low.size), "vector", None, bounds)
@@ -111,7 +112,7 @@ def _host_step(pool: Any, spec: EnvSpec) -> Callable[[Any, Array], tuple[Any, En
         jax.ShapeDtypeStruct((num_envs,), jnp.bool_),
     )
 
-    def on_host(actions: np.ndarray) -> tuple[np.ndarray, ...]:
+    def on_host(actions: Any) -> tuple[np.ndarray, ...]:  # jax may hand a jax.Array or a NumPy array
         obs, reward, terminated, truncated, _ = pool.step(np.clip(np.asarray(actions, np.float64), low, high))
         return obs.astype(np.float32), reward.astype(np.float32), terminated.astype(bool), truncated.astype(bool)
 
