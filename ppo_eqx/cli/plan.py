@@ -4,7 +4,7 @@
 import argparse
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..config import PPOConfig, flag
 from ..core.envs import EnvBackend, EnvSpec, backend
@@ -13,7 +13,7 @@ from ..core.loss import Loss, loss_named, model_loss
 from ..core.networks import ConvRoute
 from ..errors import ConfigError, UsageError
 from ..host.checkpoint import CheckpointFile
-from ..host.placement import check_rollout_place
+from ..host.placement import Placement, check_rollout_place
 from ..host.resume import read_run
 from ..host.rundir import CONFIG, agent_dirs
 
@@ -21,7 +21,7 @@ from ..host.rundir import CONFIG, agent_dirs
 class Plan(NamedTuple):
     """A checked request to train, resolved once at the edge and carried: the config, where it is written, what a
     resume starts from, the env backend and its spec, the environment it computes under, the loss, and (once the
-    devices are known) the convolutions' route."""
+    devices are known) the convolutions' route, the placement and the hardware record."""
 
     config: PPOConfig
     run_dir: Path
@@ -35,6 +35,11 @@ class Plan(NamedTuple):
     """How the convolutions are computed here (``checks.conv_route``), once the devices are joined."""
     loss: Loss = model_loss
     """The loss the update descends (``config.loss``, imported at the edge: ``core.loss.loss_named``)."""
+    placement: Placement | None = None
+    """Where the iteration runs (one device, the host's rollout beside the device's learning, or a mesh), once the
+    devices are joined."""
+    hardware: dict[str, Any] | None = None
+    """What ``hardware.json`` records of the machine, the environment and the placement, once they are known."""
 
     @property
     def start_iteration(self) -> int:

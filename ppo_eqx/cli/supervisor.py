@@ -24,18 +24,17 @@ from ..core.state import Checkpoint
 from ..errors import NonFiniteError, RunDirError, RunError
 from ..host.checkpoint import save_checkpoint
 from ..host.conv_route import auto_note
-from ..host.hardware import hardware_info
 from ..host.loop import run_agents
-from ..host.mesh import MeshPlacement, any_process
+from ..host.mesh import any_process
 from ..host.ownership import never_trained
-from ..host.placement import placement_for, rollout_record
+from ..host.placement import Placement
 from ..host.run_directory import RunDirectory
 from ..host.rundir import METRICS, SUMMARY, checked_metrics
 from ..host.trainer import Trainer
 from .interrupts import EARLY, SIGNALS, exit_status, say
 from .plan import Plan
 from .schedule import checkpoint_reason, is_boundary, stops_after
-from .writers import RunWriter, start_wandb
+from .writers import WandbRun, Writers
 
 MOVED = "moved"
 """The stop request of a run whose directory's path no longer leads to it (``RunDirectory.in_place``)."""
@@ -108,8 +107,8 @@ class Supervisor:
         restore: Checkpoint | None,
         directory: RunDirectory | None,
     ):
-        if plan.route is None:
-            raise ValueError("the plan's convolution route is resolved before a run is supervised")
+        if plan.route is None or plan.placement is None or plan.hardware is None:
+            raise ValueError("the plan's route, placement and hardware are resolved before a run is supervised")
         self.options, self.plan, self.mesh, self.restore = options, plan, mesh, restore
         self.directory = directory
         """The run directory, through which every write goes (process 0's; None in the others, which write nothing)."""
@@ -117,7 +116,9 @@ class Supervisor:
         self.agents: list[RunDirectory] = []
         self.config = plan.config
         self.conv_impl: ConvRoute = plan.route
-        self.writers: list[RunWriter] = []
+        self.placement: Placement = plan.placement
+        self.hardware: dict[str, Any] = plan.hardware
+        self.writers = Writers()
         self._trainer: Trainer | None = None
         self.stop = _StopRequest()
         self.last_checkpoint: Path | None = None if plan.resume is None else plan.resume.path
@@ -193,14 +194,7 @@ class Supervisor:
                 kept = len(rows)
             self.say(f"ppo-eqx: resuming {plan.run_dir} from {plan.resume.path.name} ({kept} rows of metrics kept)")
         devices = "" if self.mesh is None else f" ({self.mesh.size} devices, {jax.process_count()} processes)"
-        hardware = hardware_info(self.conv_impl)  # with the route the convolutions take here
-        hardware["environment"] = plan.environment
-        placement = (
-            MeshPlacement(config, self.mesh)
-            if self.mesh is not None
-            else placement_for(config, plan.spec, state_is_data=plan.backend.state_is_data)
-        )
-        hardware["rollout"] = rollout_record(placement)
+        hardware = self.hardware
         self.say(
             f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps"
             f"{_agents(config)}, "
@@ -210,13 +204,20 @@ class Supervisor:
         note = auto_note(config.conv_impl, self.conv_impl, plan.spec)  # type: ignore[arg-type]
         if note is not None:
             self.say(f"ppo-eqx: note: {note}")
-        if self.mesh is not None:
-            hardware["mesh"] = {"devices": self.mesh.size, "processes": jax.process_count()}
-        self.writers = self._make_writers(hardware) if self.writes else []
+        if self.writes:
+            options = self.options
+            self.writers = Writers.open(
+                self.agents,
+                config.agent_configs(),
+                hardware,
+                tensorboard=options.tensorboard,
+                resume_step=None if plan.resume is None else plan.start_iteration * config.batch_size,
+                wandb=WandbRun(options.wandb_project_name, options.wandb_entity) if options.track else None,
+            )
         self._trainer = Trainer(
             config,
             restore=self.restore,
-            placement=placement,
+            placement=self.placement,
             env_backend=plan.backend,
             conv_impl=self.conv_impl,
             spec=plan.spec,
@@ -225,31 +226,6 @@ class Supervisor:
         per_dispatch = config.iterations_per_dispatch
         program = "one iteration" if per_dispatch == 1 else f"a program of up to {per_dispatch} iterations"
         self.say(f"ppo-eqx: compiled {program} in {self.trainer.compile():.1f} s")
-
-    def _make_writers(self, hardware: dict[str, Any]) -> list[Any]:
-        options, plan, config = self.options, self.plan, self.config
-        resume_step = None if plan.resume is None else plan.start_iteration * config.batch_size
-        writers = []
-        for directory, agent in zip(self.agents, config.agent_configs(), strict=True):
-            wandb_run = None
-            if options.track:
-                try:
-                    wandb_run = start_wandb(
-                        directory, config, project=options.wandb_project_name, entity=options.wandb_entity
-                    )
-                except Exception as error:  # W&B's own errors (network, login) are of many types
-                    raise RunError(f"--track: Weights & Biases refused the run: {str(error).splitlines()[0]}") from None
-            writers.append(
-                RunWriter(
-                    directory,
-                    agent,
-                    hardware,
-                    tensorboard=options.tensorboard,
-                    resume_step=resume_step,
-                    wandb_run=wandb_run,
-                )
-            )
-        return writers
 
     def _loop(self) -> None:
         config = self.config
@@ -283,8 +259,7 @@ class Supervisor:
         if self.directory is not None and not self.directory.in_place():  # moved, or its link repointed
             self.stop.signal = self.stop.signal or MOVED
         try:
-            for writer, record in zip(self.writers, records, strict=bool(self.writers)):
-                writer.write(record)
+            self.writers.write(records)
         except OSError as error:
             raise RunError(
                 f"could not write the metrics of iteration {records[0]['iteration']}: {error.strerror or error}; "
@@ -397,15 +372,13 @@ class Supervisor:
                 )
             return exit_status(getattr(signal, self.stop.signal, signal.SIGTERM))
         try:
-            for writer in self.writers:
-                writer.close()  # TensorBoard's thread writes what it holds and ends: its errors are recorded now
+            self.writers.close()  # the last events written: their errors are raised now
         except OSError as error:
             raise RunError(
                 f"could not write the last events in {self.plan.run_dir}: {error.strerror or error}; {self._kept()}"
             ) from None
         self._check_threads()
-        for writer, record in zip(self.writers, records, strict=bool(self.writers)):
-            writer.finish({key: record.get(key) for key in ("global_step", "time_elapsed", "episodic_return")})
+        self.writers.finish(records)
         record = records[0]
         self.say(
             f"ppo-eqx: done, {record['global_step']} steps{_agents(config)} in {record['time_elapsed']:.0f} s, "
@@ -416,9 +389,7 @@ class Supervisor:
     def _close(self) -> None:
         if self._trainer is not None:
             self._trainer.close()
-        for writer in self.writers:
-            with contextlib.suppress(OSError):
-                writer.close()
+        self.writers.close_quietly()
         for agent in self.agents:
             if agent is not self.directory:
                 agent.close()

@@ -1,10 +1,11 @@
 """What ``ppo-eqx train`` does with its parsed flags, each stage once and in order: check every input before
 anything is written (the plan, ``plan.py``, which reads a run to resume through ``host.resume``; the rest,
 ``checks.py``), join the devices and processes and resolve what they decide (memory, mesh, the convolutions'
-route), lock a run to resume and read it again before its arrays are loaded, take the run directory (a new run's
-checked, made, locked and cleared by ``--overwrite``: ``host.ownership``), and hand the run to a
-``supervisor.Supervisor``: the run's lifecycle (writers, trainer, signals, checkpoints, the end). Imported by
-``main`` when the command runs, so that ``ppo-eqx --help`` reads no more than the parser needs.
+route, the placement, hardware.json's record: all in the plan), lock a run to resume and read it again before its
+arrays are loaded, take the run directory (a new run's checked, made, locked and cleared by ``--overwrite``:
+``host.ownership``), and hand the run to a ``supervisor.Supervisor``: the run's lifecycle (writers, trainer,
+signals, checkpoints, the end). Imported by ``main`` when the command runs, so that ``ppo-eqx --help`` reads no
+more than the parser needs.
 """
 
 import argparse
@@ -13,13 +14,14 @@ from pathlib import Path
 import jax
 from jax.sharding import Mesh
 
-from ..core.networks import ConvRoute
 from ..core.sharded import make_mesh
 from ..errors import RunDirError, RunError, UsageError
 from ..host.checkpoint import load_checkpoint
+from ..host.hardware import hardware_info
 from ..host.lock import RunLock, refuse_if_held
-from ..host.mesh import any_process, check_mesh_config
+from ..host.mesh import MeshPlacement, any_process, check_mesh_config
 from ..host.ownership import check_resumed_dirs, check_run_dirs, take_new_run
+from ..host.placement import placement_for, rollout_record
 from ..host.resume import read_run_again
 from ..host.run_directory import RunDirectory
 from ..host.rundir import free_name
@@ -79,8 +81,8 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
         return 0
     one_process = not (args.distributed or args.coordinator_address)
     mesh = start_processes(args, probe)
-    route = _on_these_devices(plan, mesh)
-    plan = plan._replace(route=route)
+    plan = _on_these_devices(plan, mesh)
+    route = plan.route
     lock, directory = None, None
     try:
         if plan.resume is not None and one_process:
@@ -115,14 +117,25 @@ def _checked_plan(args: argparse.Namespace, environment: dict[str, str | None]) 
     return plan_new(args, environment)
 
 
-def _on_these_devices(plan: Plan, mesh: Mesh | None) -> ConvRoute:
-    """What the joined devices decide, checked: the memory the run needs, the mesh's limits, and the route of the
-    convolutions (in the plan from here on)."""
-    check_memory(plan.config, plan.spec, devices=1 if mesh is None else mesh.size)
-    route = conv_route(plan.config, plan.spec)
+def _on_these_devices(plan: Plan, mesh: Mesh | None) -> Plan:
+    """What the joined devices decide, checked and put in the plan: the memory the run needs, the mesh's limits,
+    the route of the convolutions, where the iteration runs, and what hardware.json records of it all."""
+    config = plan.config
+    check_memory(config, plan.spec, devices=1 if mesh is None else mesh.size)
+    route = conv_route(config, plan.spec)
     if mesh is not None:
-        check_mesh_config(plan.config, mesh, plan.backend)
-    return route
+        check_mesh_config(config, mesh, plan.backend)
+    placement = (
+        MeshPlacement(config, mesh)
+        if mesh is not None
+        else placement_for(config, plan.spec, state_is_data=plan.backend.state_is_data)
+    )
+    hardware = hardware_info(route)  # with the route the convolutions take here
+    hardware["environment"] = plan.environment
+    hardware["rollout"] = rollout_record(placement)
+    if mesh is not None:
+        hardware["mesh"] = {"devices": mesh.size, "processes": jax.process_count()}
+    return plan._replace(route=route, placement=placement, hardware=hardware)
 
 
 def _take(

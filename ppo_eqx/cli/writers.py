@@ -2,6 +2,8 @@
 and an optional Weights & Biases run (file names and layout: ``rundir``), each through the run directory's one
 owner (``host.run_directory.RunDirectory``: listed in the manifest before it is made, written where the lock holds)."""
 
+import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -9,9 +11,11 @@ import socket
 import struct
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from ..config import PPOConfig
+from ..errors import RunError
 from ..host.run_directory import RunDirectory
 from ..host.rundir import CONFIG, EVAL, HARDWARE, METRICS, SUMMARY, WANDB
 
@@ -161,6 +165,73 @@ class RunWriter:
             self._tensorboard.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbRun:
+    """Where a tracked run (CleanRL's ``--track``) logs: a Weights & Biases project, and its entity."""
+
+    project: str
+    entity: str | None
+
+
+class Writers:
+    """The run's writers, one ``RunWriter`` per agent, fed together: each iteration's records (one per agent, in
+    the agents' order), the end (TensorBoard's last events, then summary.json) and a close after a fault. None
+    for a process that writes nothing (``Writers()``)."""
+
+    def __init__(self, writers: Sequence[RunWriter] = ()) -> None:
+        self._writers = list(writers)
+
+    @classmethod
+    def open(
+        cls,
+        agents: Sequence[RunDirectory],
+        configs: Sequence[PPOConfig],
+        hardware: dict[str, Any],
+        *,
+        tensorboard: bool,
+        resume_step: int | None,
+        wandb: WandbRun | None = None,
+    ) -> "Writers":
+        """A writer in each agent's directory (``configs[i]`` in ``agents[i]``); ``resume_step``: the global step
+        of the checkpoint a resumed run starts from. RunError (one line) where W&B refuses the run."""
+        writers = []
+        for directory, config in zip(agents, configs, strict=True):
+            wandb_run = None
+            if wandb is not None:
+                try:
+                    wandb_run = start_wandb(directory, config, project=wandb.project, entity=wandb.entity)
+                except Exception as error:  # W&B's own errors (network, login) are of many types
+                    refused = str(error).splitlines()[0]
+                    raise RunError(f"--track: Weights & Biases refused the run: {refused}") from None
+            writers.append(
+                RunWriter(
+                    directory, config, hardware, tensorboard=tensorboard, resume_step=resume_step, wandb_run=wandb_run
+                )
+            )
+        return cls(writers)
+
+    def write(self, records: Sequence[dict[str, Any]]) -> None:
+        """One iteration's records, ``records[i]`` agent i's (none where this process writes nothing)."""
+        for writer, record in zip(self._writers, records, strict=bool(self._writers)):
+            writer.write(record)
+
+    def close(self) -> None:
+        """Each writer's last events written and its files closed; OSError (a full disk) raised here."""
+        for writer in self._writers:
+            writer.close()
+
+    def finish(self, records: Sequence[dict[str, Any]]) -> None:
+        """summary.json of each agent: its last record's step, time and return."""
+        for writer, record in zip(self._writers, records, strict=bool(self._writers)):
+            writer.finish({key: record.get(key) for key in ("global_step", "time_elapsed", "episodic_return")})
+
+    def close_quietly(self) -> None:
+        """``close`` after a fault: what each writer holds is written where it can be, errors dropped."""
+        for writer in self._writers:
+            with contextlib.suppress(OSError):
+                writer.close()
 
 
 def start_wandb(directory: RunDirectory, config: PPOConfig, *, project: str, entity: str | None) -> Any:
