@@ -1,6 +1,7 @@
 """ppo_eqx_bench: the Atari benchmark's game list and report, for ``bench/atari57.py`` and ``bench/report.py``.
 
-Installed beside ``ppo_eqx``, whose core never imports it; the plots need the ``[bench]`` extra (matplotlib).
+Kept in the checkout beside ``bench/`` (not in the wheel; ``ppo_eqx`` never imports it); the plots need the
+``[bench]`` extra (matplotlib).
 
     atari_games  the 57 games (ATARI_57)
     anchors      the reference tables shipped in data/ (CleanRL's 10M-step results; random and human scores)
