@@ -259,6 +259,7 @@ def test_envpools_box_task_steps_under_jit_as_its_host_api_does():
 
     pool = backend("envpool").make("Pendulum-v1", [5, 6, 7])
     twin = envpool.make("Pendulum-v1", env_type="gymnasium", num_envs=3, seed=5, env_seed=[5, 6, 7])
+    assert pool.spec.action_bounds is not None
     low, high = (np.asarray(b) for b in pool.spec.action_bounds)
     step = jax.jit(pool.step)
     handle, actions = pool.handle, np.random.default_rng(0).normal(0, 3, (4, 3, 1)).astype(np.float32)
@@ -282,7 +283,7 @@ MUJOCO += ["--total-timesteps", "2048", "--checkpoint-every", "2", "--no-progres
 def test_envpools_mujoco_trains_resumes_bit_for_bit_and_plays(tmp_path):
     """EnvPool's float64 MuJoCo task stepped through its host API from inside the program (never its XLA call):
     its normalisation statistics kept in each checkpoint (the envs are made afresh at each), a resume equal to the
-    whole run, and eval with the statistics frozen."""
+    whole run, eval with the statistics frozen, and --video played or refused in one line."""
     from .comparisons import metrics
     from .processes import ppo_eqx as command
     from .processes import run_child
@@ -299,3 +300,11 @@ def test_envpools_mujoco_trains_resumes_bit_for_bit_and_plays(tmp_path):
     assert (resumed / newest).read_bytes() == (whole / newest).read_bytes()
     code, out, err = run_child(command("eval", str(whole), "--episodes", "1"))
     assert code == 0 and "over 1 episodes" in out[-1], out + err
+    # A video where EnvPool can render MuJoCo (OpenGL); elsewhere one line before anything is played or written.
+    video = tmp_path / "play.mp4"
+    code, out, err = run_child(command("eval", str(whole), "--episodes", "1", "--video", str(video)))
+    if code == 0:
+        assert video.stat().st_size > 0, out + err
+    else:
+        assert code == 2 and len(err) == 1 and "cannot render Hopper-v4" in err[0], out + err
+        assert not video.exists() and not any("evaluating" in line for line in out)

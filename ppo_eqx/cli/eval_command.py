@@ -2,6 +2,8 @@
 prunes it) and both output paths, then play, then write the results. eval takes no lock: it only reads the run."""
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 from typing import TypeVar
 
@@ -44,6 +46,8 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
     if args.video is not None:
         _check_video(args.video, run_dir, output)
     model, config, spec, statistics = _load_agent(checkpoint, args.env_backend, None if agent is None else agent[1])
+    if args.video is not None and spec.continuous and backend(config.env_backend).name == "envpool":
+        _check_renders(args.video, config.env_id)
     print(
         f"ppo-eqx: evaluating {path} ({config.env_id}, iteration {metadata['iteration']}) on {args.episodes} "
         f"episodes, {'greedy' if args.greedy else 'sampled'} actions",
@@ -144,6 +148,28 @@ def _check_video(video: Path, run_dir: Path, output: Path) -> None:
         raise UsageError(f"--video {video} is also the --output; allowed: two different files")
     module, package = VIDEO_FORMATS[suffix]
     require(module, f"--video {video} needs {package}")
+
+
+def _check_renders(video: Path, env_id: str) -> None:
+    """EnvPool's MuJoCo tasks render through OpenGL; where this machine has none, MuJoCo ends the process at the
+    first frame (its own "ERROR: an OpenGL platform library ..." and exit 1): so one frame is tried in a child."""
+    code = (
+        f"import envpool; pool = envpool.make({env_id!r}, env_type='gymnasium', num_envs=1, render_mode='rgb_array')"
+        "; pool.reset(); pool.render(env_ids=0)"
+    )
+    try:
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        said = "no frame in 300 s"
+    else:
+        if child.returncode == 0:
+            return
+        lines = [line.strip() for line in (child.stdout + child.stderr).splitlines() if line.strip()]
+        said = next((line for line in lines if "ERROR" in line), lines[-1] if lines else f"exit {child.returncode}")
+    raise UsageError(
+        f"--video {video}: EnvPool cannot render {env_id} on this machine ({said[:200]}); allowed: eval without "
+        "--video, or a machine where MuJoCo has OpenGL"
+    )
 
 
 def _play(
