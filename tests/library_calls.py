@@ -83,7 +83,7 @@ def hyperparameters(**changes: Any) -> AgentHyperparameters:
 
 
 def loss(**changes: Any) -> Any:
-    args = {
+    args: dict[str, Any] = {
         name: f32(B)
         for name in ("new_logprob", "new_value", "entropy", "old_logprob", "old_value", "advantages", "returns")
     }

@@ -37,7 +37,7 @@ def ppo_eqx_flags() -> set[str]:
         parser = stack.pop()
         for action in parser._actions:
             flags.update(option for option in action.option_strings if option.startswith("--"))
-            stack.extend(getattr(action, "choices", None).values() if isinstance(action.choices, dict) else [])
+            stack.extend(action.choices.values() if isinstance(action.choices, dict) else [])
     return flags
 
 

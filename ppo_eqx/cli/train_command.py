@@ -14,6 +14,7 @@ from pathlib import Path
 import jax
 from jax.sharding import Mesh
 
+from ..core.networks import ConvRoute
 from ..core.sharded import make_mesh
 from ..errors import RunDirError, RunError, UsageError
 from ..host.checkpoint import load_checkpoint
@@ -81,8 +82,7 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
         return 0
     one_process = not (args.distributed or args.coordinator_address)
     mesh = start_processes(args, probe)
-    plan = _on_these_devices(plan, mesh)
-    route = plan.route
+    plan, route = _on_these_devices(plan, mesh)
     lock, directory = None, None
     try:
         if plan.resume is not None and one_process:
@@ -117,7 +117,7 @@ def _checked_plan(args: argparse.Namespace, environment: dict[str, str | None]) 
     return plan_new(args, environment)
 
 
-def _on_these_devices(plan: Plan, mesh: Mesh | None) -> Plan:
+def _on_these_devices(plan: Plan, mesh: Mesh | None) -> tuple[Plan, ConvRoute]:
     """What the joined devices decide, checked and put in the plan: the memory the run needs, the mesh's limits,
     the route of the convolutions, where the iteration runs, and what hardware.json records of it all."""
     config = plan.config
@@ -135,7 +135,7 @@ def _on_these_devices(plan: Plan, mesh: Mesh | None) -> Plan:
     hardware["rollout"] = rollout_record(placement)
     if mesh is not None:
         hardware["mesh"] = {"devices": mesh.size, "processes": jax.process_count()}
-    return plan._replace(route=route, placement=placement, hardware=hardware)
+    return plan._replace(route=route, placement=placement, hardware=hardware), route
 
 
 def _take(

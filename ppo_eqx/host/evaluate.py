@@ -8,11 +8,11 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import PRNGKeyArray
+from jaxtyping import Array, PRNGKeyArray
 
 from ..config import PPOConfig
 from ..core._types import EpisodeStats
-from ..core.envs import EnvSpec, backend, derived_seeds
+from ..core.envs import EnvBackend, EnvSpec, Pool, backend, derived_seeds
 from ..core.envs.jax_env import env_backend_of
 from ..core.envs.normalize import NormalizedHandle, normalize_pool
 from ..core.gaussian import GaussianActorCritic
@@ -50,6 +50,30 @@ def episode_quotas(episodes: int, num_envs: int) -> list[int]:
     return [episodes // num_envs + (i < episodes % num_envs) for i in range(num_envs)]
 
 
+def _eval_pool(
+    chosen: EnvBackend, config: PPOConfig, seeds: list[int], render: bool, statistics: NormalizedHandle | None
+) -> Pool:
+    """The envs to play in, their observations normalised with ``statistics`` frozen where the run normalised."""
+    pool = chosen.make(config.env_id, seeds, render=render)
+    if not (config.normalize_obs or config.normalize_reward):
+        return pool
+    if statistics is None:
+        raise ValueError(
+            f"evaluate: {config.env_id} was trained on normalised observations; allowed: statistics=, the env "
+            "handle of its checkpoint (ppo_eqx.host.evaluate.normalization_of)"
+        )
+    return normalize_pool(pool, gamma=config.gamma, obs=config.normalize_obs, reward=False, frozen=statistics)
+
+
+def _action(model: ActorCritic, logits: Array, key: PRNGKeyArray, greedy: bool) -> Array:
+    """The policy's action: sampled, or greedy (the argmax; a continuous policy's mean)."""
+    if isinstance(model, GaussianActorCritic):
+        return logits if greedy else model.sample(key, logits)[0]
+    if greedy:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return sample_actions(key, logits)
+
+
 def evaluate(
     model: ActorCritic,
     config: PPOConfig,
@@ -79,24 +103,11 @@ def evaluate(
     ready(model.conv_impl)
     num_envs = min(episodes, MAX_ENVS)
     quotas = episode_quotas(episodes, num_envs)
-    pool = chosen.make(config.env_id, eval_env_seeds(seed, num_envs), render=on_frame is not None)
-    if config.normalize_obs or config.normalize_reward:
-        if statistics is None:
-            raise ValueError(
-                f"evaluate: {config.env_id} was trained on normalised observations; allowed: statistics=, the env "
-                "handle of its checkpoint (ppo_eqx.host.evaluate.normalization_of)"
-            )
-        pool = normalize_pool(pool, gamma=config.gamma, obs=config.normalize_obs, reward=False, frozen=statistics)
+    pool = _eval_pool(chosen, config, eval_env_seeds(seed, num_envs), on_frame is not None, statistics)
 
     def act(model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Any, EpisodeStats]:
         logits, _ = model(carry.obs)
-        if isinstance(model, GaussianActorCritic):
-            action = logits if greedy else model.sample(key, logits)[0]
-        elif greedy:
-            action = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        else:
-            action = sample_actions(key, logits)
-        handle, out = pool.step(carry.handle, action)
+        handle, out = pool.step(carry.handle, _action(model, logits, key, greedy))
         stats = update_episode_stats(carry.stats, out)
         return RolloutCarry(handle, out.obs, stats), out.game_over, stats
 
