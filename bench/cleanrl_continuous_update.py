@@ -10,11 +10,11 @@ torch side (a child process of ``--torch-python``, a venv with torch outside thi
 ``Agent`` layer by layer as that script does, loads the same parameters, and runs that script's minibatch loop
 over ppo_eqx's minibatch indices. Both sides' parameters after the 320 steps and the first step's losses are
 compared; ``--mutate`` changes ppo_eqx's side (the log standard deviation frozen, the value loss unclipped, the
-advantages not normalised) to show that the comparison catches each. Writes a JSON line per case (``--json``).
+advantages not normalised) to show that the comparison catches each.
+Writes the rows, the machine in a header (``--json``).
 """
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -30,6 +30,9 @@ from ppo_eqx.core.gaussian import GaussianActorCritic
 from ppo_eqx.core.loss import torch_model_loss
 from ppo_eqx.core.update import make_optimizer, minibatch_indices, update
 from ppo_eqx.presets import CONTINUOUS_PRESET
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import environment, write_results  # noqa: E402
 
 OBS, ACTIONS, STEPS = 17, 6, 2048
 MUTATIONS = ("none", "frozen-log-std", "unclipped-value-loss", "advantages-not-normalised")
@@ -192,10 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     rows = [case(mutation, args.torch_python, seed) for mutation in args.mutate for seed in args.seeds]
-    for row in rows:
-        print(json.dumps(row), flush=True)
-    if args.json is not None:
-        args.json.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    torch_version = subprocess.run(
+        [args.torch_python, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    write_results(rows, {"environment": environment(None), "torch_version": torch_version}, args.json)
     wrong = [row for row in rows if row["equal"] != (row["mutation"] == "none")]
     return 1 if wrong else 0
 
