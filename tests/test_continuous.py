@@ -302,7 +302,8 @@ def test_envpools_mujoco_trains_resumes_bit_for_bit_and_plays(tmp_path):
     assert code == 0 and "over 1 episodes" in out[-1], out + err
     # A video where EnvPool can render MuJoCo (OpenGL); elsewhere one line before anything is played or written.
     video = tmp_path / "play.mp4"
-    code, out, err = run_child(command("eval", str(whole), "--episodes", "1", "--video", str(video)))
+    code, out, err = run_child(command("eval", str(whole), "--episodes", "1", "--video", str(video)), cwd=tmp_path)
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()  # MuJoCo's log of a failed frame is left in a scratch dir
     if code == 0:
         assert video.stat().st_size > 0, out + err
     else:

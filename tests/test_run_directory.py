@@ -97,9 +97,18 @@ def finished_run(path: Path, iterations_: int = 4, keep: int = 3) -> Path:
     return path
 
 
-def stopped_run(tmp_path: Path, at: int, iterations_: int = 8) -> Path:
-    """A run of ``iterations_`` as one killed after its checkpoint of iteration ``at`` leaves it."""
-    return interrupted_copy(finished_run(tmp_path / "finished", iterations_, keep=8), tmp_path / "run", at)
+def stopped_run(tmp_path: Path, at: int, iterations_: int = 8, finished: Path | None = None) -> Path:
+    """A run of ``iterations_`` as one killed after its checkpoint of iteration ``at`` leaves it (a copy of
+    ``finished``, such a run already trained, where given)."""
+    finished = finished or finished_run(tmp_path / "finished", iterations_, keep=8)
+    return interrupted_copy(finished, tmp_path / "run", at)
+
+
+@pytest.fixture(scope="module")
+def eight_iterations(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One finished run of 8 iterations that kept every checkpoint, trained once for the tests that stop copies of
+    it (their ``xdist_group`` keeps them on one worker, so it is trained once there)."""
+    return finished_run(tmp_path_factory.mktemp("eight") / "finished", 8, keep=8)
 
 
 @pytest.mark.subprocess
@@ -144,8 +153,9 @@ def test_overwrite_of_a_run_whose_checkpoints_are_a_link_is_refused_before_anyth
 
 
 @pytest.mark.subprocess
-def test_resume_prunes_only_the_checkpoints_its_run_wrote(tmp_path):
-    run = stopped_run(tmp_path, 4)
+@pytest.mark.xdist_group("eight-iterations")
+def test_resume_prunes_only_the_checkpoints_its_run_wrote(tmp_path, eight_iterations):
+    run = stopped_run(tmp_path, 4, finished=eight_iterations)
     users = {run / "checkpoints" / f"iter_000003.{ext}": b"mine" for ext in ("eqx", "json")}
     for path, data in users.items():
         path.write_bytes(data)
@@ -180,9 +190,10 @@ CRAFTED = {
 
 
 @pytest.mark.subprocess
+@pytest.mark.xdist_group("eight-iterations")
 @pytest.mark.parametrize("case", CRAFTED)
-def test_a_crafted_checkpoint_json_is_one_line_and_nothing_is_touched(tmp_path, case):
-    run = stopped_run(tmp_path, 4)
+def test_a_crafted_checkpoint_json_is_one_line_and_nothing_is_touched(tmp_path, case, eight_iterations):
+    run = stopped_run(tmp_path, 4, finished=eight_iterations)
     newest = run / "checkpoints" / "iter_000004.json"
     metadata = json.loads(newest.read_text())
     changes, words = CRAFTED[case]
@@ -250,8 +261,11 @@ def test_a_closed_pipe_on_stdout_never_stops_training(tmp_path):
 
 
 @pytest.mark.subprocess
-def test_a_resumed_run_keeps_the_checkpoints_it_was_started_to_keep(tmp_path):
-    stopped = stopped_run(tmp_path, 4)  # started to keep 8: say 2, as its newest checkpoint records it
+@pytest.mark.xdist_group("eight-iterations")
+def test_a_resumed_run_keeps_the_checkpoints_it_was_started_to_keep(tmp_path, eight_iterations):
+    stopped = stopped_run(
+        tmp_path, 4, finished=eight_iterations
+    )  # started to keep 8: say 2, as its newest checkpoint records it
     newest = stopped / "checkpoints" / "iter_000004.json"
     newest.write_text(json.dumps({**json.loads(newest.read_text()), "keep_checkpoints": 2}))
     assert [name for name in checkpoint_names(stopped) if name.endswith(".json")] == [

@@ -4,6 +4,7 @@ prunes it) and both output paths, then play, then write the results. eval takes 
 import argparse
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import TypeVar
 
@@ -158,7 +159,10 @@ def _check_renders(video: Path, env_id: str) -> None:
         "; pool.reset(); pool.render(env_ids=0)"
     )
     try:
-        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        with tempfile.TemporaryDirectory() as scratch:  # where MuJoCo leaves its MUJOCO_LOG.TXT
+            child = subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=scratch
+            )
     except subprocess.TimeoutExpired:
         said = "no frame in 300 s"
     else:
