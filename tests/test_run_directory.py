@@ -97,10 +97,8 @@ def finished_run(path: Path, iterations_: int = 4, keep: int = 3) -> Path:
     return path
 
 
-def stopped_run(tmp_path: Path, at: int, iterations_: int = 8, finished: Path | None = None) -> Path:
-    """A run of ``iterations_`` as one killed after its checkpoint of iteration ``at`` leaves it (a copy of
-    ``finished``, such a run already trained, where given)."""
-    finished = finished or finished_run(tmp_path / "finished", iterations_, keep=8)
+def stopped_run(finished: Path, tmp_path: Path, at: int) -> Path:
+    """A copy of the finished run ``finished`` as one killed after its checkpoint of iteration ``at`` leaves it."""
     return interrupted_copy(finished, tmp_path / "run", at)
 
 
@@ -155,7 +153,7 @@ def test_overwrite_of_a_run_whose_checkpoints_are_a_link_is_refused_before_anyth
 @pytest.mark.subprocess
 @pytest.mark.xdist_group("eight-iterations")
 def test_resume_prunes_only_the_checkpoints_its_run_wrote(tmp_path, eight_iterations):
-    run = stopped_run(tmp_path, 4, finished=eight_iterations)
+    run = stopped_run(eight_iterations, tmp_path, 4)
     users = {run / "checkpoints" / f"iter_000003.{ext}": b"mine" for ext in ("eqx", "json")}
     for path, data in users.items():
         path.write_bytes(data)
@@ -169,7 +167,7 @@ def test_resume_prunes_only_the_checkpoints_its_run_wrote(tmp_path, eight_iterat
 
 @pytest.mark.subprocess
 def test_a_resume_leaves_a_hard_linked_backups_manifest_as_it_was(tmp_path):
-    run = stopped_run(tmp_path, 2, 4)
+    run = stopped_run(finished_run(tmp_path / "finished", 4, keep=8), tmp_path, 2)
     backup = tmp_path / "backup"
     backup.mkdir()
     os.link(run / MANIFEST, backup / MANIFEST)
@@ -193,7 +191,7 @@ CRAFTED = {
 @pytest.mark.xdist_group("eight-iterations")
 @pytest.mark.parametrize("case", CRAFTED)
 def test_a_crafted_checkpoint_json_is_one_line_and_nothing_is_touched(tmp_path, case, eight_iterations):
-    run = stopped_run(tmp_path, 4, finished=eight_iterations)
+    run = stopped_run(eight_iterations, tmp_path, 4)
     newest = run / "checkpoints" / "iter_000004.json"
     metadata = json.loads(newest.read_text())
     changes, words = CRAFTED[case]
@@ -263,9 +261,8 @@ def test_a_closed_pipe_on_stdout_never_stops_training(tmp_path):
 @pytest.mark.subprocess
 @pytest.mark.xdist_group("eight-iterations")
 def test_a_resumed_run_keeps_the_checkpoints_it_was_started_to_keep(tmp_path, eight_iterations):
-    stopped = stopped_run(
-        tmp_path, 4, finished=eight_iterations
-    )  # started to keep 8: say 2, as its newest checkpoint records it
+    # Started to keep 8: say 2, as its newest checkpoint records it.
+    stopped = stopped_run(eight_iterations, tmp_path, 4)
     newest = stopped / "checkpoints" / "iter_000004.json"
     newest.write_text(json.dumps({**json.loads(newest.read_text()), "keep_checkpoints": 2}))
     assert [name for name in checkpoint_names(stopped) if name.endswith(".json")] == [

@@ -154,10 +154,7 @@ def _check_video(video: Path, run_dir: Path, output: Path) -> None:
 def _check_renders(video: Path, env_id: str) -> None:
     """EnvPool's MuJoCo tasks render through OpenGL; where this machine has none, MuJoCo ends the process at the
     first frame (its own "ERROR: an OpenGL platform library ..." and exit 1): so one frame is tried in a child."""
-    code = (
-        f"import envpool; pool = envpool.make({env_id!r}, env_type='gymnasium', num_envs=1, render_mode='rgb_array')"
-        "; pool.reset(); pool.render(env_ids=0)"
-    )
+    code = f"from ppo_eqx.core.envs import backend; backend('envpool').make({env_id!r}, [0], render=True).render(0)"
     try:
         with tempfile.TemporaryDirectory() as scratch:  # where MuJoCo leaves its MUJOCO_LOG.TXT
             child = subprocess.run(
