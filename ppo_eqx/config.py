@@ -26,7 +26,7 @@ ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
 """How convolutions are computed: a route (``core.networks.ConvRoute``) or "auto", resolved at the edge
 (``host.conv_route.resolve_conv_impl``)."""
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
-ROLLOUT_PLACES = ("auto", "device", "host")
+ROLLOUT_PLACES = ("auto", "device", "host", "host-envs")
 """Where the rollout is compiled (``rollout_on``): resolved at the edge (``host.placement.rollout_place``)."""
 NETWORK_INITS = ("cleanrl", "gymnax-blines")
 """How a model's layers may start (``core.networks.NetworkInit``, the same names, says what each means)."""
@@ -129,7 +129,9 @@ class PPOConfig(Hyperparameters):
         "auto",
         "where the rollout (the env step and the policy's forward pass) is compiled: device (the whole iteration "
         "one program on the default device, as CleanRL), host (the rollout on the host's CPU, the update on the "
-        "default device: the batch moves once an iteration, the parameters back once), or auto (device) "
+        "default device: the batch moves once an iteration, the parameters back once), host-envs (EnvPool's envs "
+        "stepped through its host API by a loop on the host, in two halves, one stepping while the policy acts for "
+        "the other on the default device, as LeanRL and Sample Factory), or auto (device) "
         "(ppo_eqx's own)",
         choices=ROLLOUT_PLACES,
     )

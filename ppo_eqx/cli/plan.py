@@ -66,7 +66,7 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
     env_id = PPOConfig.env_id if args.env_id is None else args.env_id
     config = PPOConfig.for_task(env_id, args.env_backend, **values)  # None: by the id (for_task)
     env_backend = backend(config.env_backend)
-    check_rollout_place(config.rollout_on, env_backend.name, state_is_data=env_backend.state_is_data)
+    check_rollout_place(config, env_backend)
     if config.async_batch_size and not env_backend.has_async:
         raise ConfigError(
             f"async_batch_size={config.async_batch_size} is not possible with --env-backend {env_backend.name}; "
@@ -89,6 +89,7 @@ def plan_new(args: argparse.Namespace, environment: dict[str, str | None]) -> Pl
     chosen = backend(config.env_backend)
     spec = chosen.spec(config.env_id)
     check_normalizable(config.normalize_obs, config.normalize_reward, spec, config.async_batch_size)
+    check_rollout_place(config, chosen, spec)
     return Plan(config, run_dir, chosen, spec, environment, loss=loss_named(config.loss))
 
 

@@ -125,11 +125,7 @@ def _on_these_devices(plan: Plan, mesh: Mesh | None) -> tuple[Plan, ConvRoute]:
     route = conv_route(config, plan.spec)
     if mesh is not None:
         check_mesh_config(config, mesh, plan.backend)
-    placement = (
-        MeshPlacement(config, mesh)
-        if mesh is not None
-        else placement_for(config, plan.spec, state_is_data=plan.backend.state_is_data)
-    )
+    placement = MeshPlacement(config, mesh) if mesh is not None else placement_for(config, plan.spec, plan.backend)
     hardware = hardware_info(route)  # with the route the convolutions take here
     hardware["environment"] = plan.environment
     hardware["rollout"] = rollout_record(placement)

@@ -12,7 +12,7 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, PRNGKeyArray, Shaped
+from jaxtyping import Array, Float, Int, PRNGKeyArray, Shaped
 
 from .checks import typechecked
 from .networks import MLP, ActorCritic, NetworkInit
@@ -49,7 +49,12 @@ class GaussianActorCritic(ActorCritic):
         return logprob, entropy, value
 
     def sample(
-        self, key: PRNGKeyArray, mean: Float[Array, "N A"], *, first_env: int = 0, total_envs: int | None = None
+        self,
+        key: PRNGKeyArray,
+        mean: Float[Array, "N A"],
+        *,
+        first_env: int | Int[Array, ""] = 0,
+        total_envs: int | None = None,
     ) -> tuple[Float[Array, "N A"], Float[Array, " N"]]:
         """One action per row of ``mean`` (``mean + std * normal``) and its log-probability. With ``total_envs``,
         the rows are rows ``first_env ..`` of a ``[total_envs, A]`` batch, each drawing that row's noise."""

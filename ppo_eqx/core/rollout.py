@@ -35,9 +35,13 @@ def fresh_episodes(stats: EpisodeStats) -> EpisodeStats:
 
 def update_episode_stats(stats: EpisodeStats, out: EnvOutput) -> EpisodeStats:
     """Add one step's raw reward; when a game is over, keep its return and length and start again."""
-    returns = stats.episode_returns + out.raw_reward
+    return count_step(stats, out.raw_reward, out.game_over)
+
+
+def count_step(stats: EpisodeStats, raw_reward: Float[Array, " N"], over: Bool[Array, " N"]) -> EpisodeStats:
+    """``update_episode_stats`` of a step's raw reward and game over alone."""
+    returns = stats.episode_returns + raw_reward
     lengths = stats.episode_lengths + 1
-    over = out.game_over
     return EpisodeStats(
         episode_returns=jnp.where(over, 0.0, returns),
         episode_lengths=jnp.where(over, 0, lengths),
@@ -47,7 +51,11 @@ def update_episode_stats(stats: EpisodeStats, out: EnvOutput) -> EpisodeStats:
 
 
 def sample_actions(
-    key: PRNGKeyArray, logits: Float[Array, "N A"], *, first_env: int = 0, total_envs: int | None = None
+    key: PRNGKeyArray,
+    logits: Float[Array, "N A"],
+    *,
+    first_env: int | Int[Array, ""] = 0,
+    total_envs: int | None = None,
 ) -> Int[Array, " N"]:
     """One action per row of ``logits``, as ``jax.random.categorical(key, logits)``.
 
@@ -69,8 +77,13 @@ class RolloutCarry(NamedTuple):
     stats: EpisodeStats
 
 
-def _act(
-    model: ActorCritic, obs: Observation, key: PRNGKeyArray, *, first_env: int = 0, total_envs: int | None = None
+def act(
+    model: ActorCritic,
+    obs: Observation,
+    key: PRNGKeyArray,
+    *,
+    first_env: int | Int[Array, ""] = 0,
+    total_envs: int | None = None,
 ) -> tuple[Int[Array, " N"] | Float[Array, "N A"], Float[Array, " N"], Float[Array, " N"]]:
     """The policy's action for each observation (``sample_actions``; a continuous model's ``sample``), its
     log-probability, and the value."""
@@ -105,7 +118,7 @@ def rollout(
     _check_rollout(model, env_step, carry, num_steps)
 
     def step(carry: RolloutCarry, step_key: PRNGKeyArray) -> tuple[RolloutCarry, Transition]:
-        action, logprob, value = _act(model, carry.obs, step_key, first_env=first_env, total_envs=total_envs)
+        action, logprob, value = act(model, carry.obs, step_key, first_env=first_env, total_envs=total_envs)
         handle, out = env_step(carry.handle, action)
         transition = Transition(carry.obs, action, logprob, value, out.reward, out.done)
         return RolloutCarry(handle, out.obs, update_episode_stats(carry.stats, out)), transition
@@ -212,7 +225,7 @@ def prime_async(model: ActorCritic, env: AsyncEnv, carry: AsyncRolloutCarry, *, 
         carry, received, key = loop
         key, act_key = jax.random.split(key)
         handle, env_ids, out = env.recv(carry.handle)
-        action, logprob, value = _act(model, out.obs, act_key)
+        action, logprob, value = act(model, out.obs, act_key)
         handle = env.send(handle, env_ids, action)
         # An env's first receive is its reset, not a step of an episode.
         stats = update_episode_stats_at(carry.stats, env_ids, out, where=received[env_ids])
@@ -241,7 +254,7 @@ def async_rollout(
 
     def step(carry: AsyncRolloutCarry, step_key: PRNGKeyArray) -> tuple[AsyncRolloutCarry, AsyncTransition]:
         handle, env_ids, out = env.recv(carry.handle)
-        action, logprob, value = _act(model, out.obs, step_key)
+        action, logprob, value = act(model, out.obs, step_key)
         handle = env.send(handle, env_ids, action)
         transition = AsyncTransition(
             carry.obs[env_ids],

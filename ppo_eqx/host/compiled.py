@@ -57,7 +57,7 @@ class OwnJit:
     def _split(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
         dynamic, static = eqx.partition(args, _is_dynamic)
         fixed = self._box.setdefault("static", static)
-        if fixed is not static and not _same_static(fixed, static):
+        if fixed is not static and not same_static(fixed, static):
             raise RuntimeError(f"{self._name} was called with other non-array arguments than at first")
         if self._jit is None:
             self._jit = self._make(len(args))
@@ -84,7 +84,7 @@ def _is_dynamic(x: Any) -> bool:
     return eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
 
 
-def _same_static(first: Any, now: Any) -> bool:
+def same_static(first: Any, now: Any) -> bool:
     """Whether two static parts are the same: one structure, equal non-array leaves."""
     first_leaves, first_tree = jax.tree.flatten(first)
     now_leaves, now_tree = jax.tree.flatten(now)

@@ -68,10 +68,10 @@ def check_mesh_config(config: PPOConfig, mesh: Mesh, env_backend: EnvBackend) ->
             f"env_backend={config.env_backend!r} cannot train on a mesh of {num_devices} devices (its envs run in the "
             "program: not done yet); allowed: envpool, ale"
         )
-    if config.rollout_on == "host":
+    if config.rollout_on in ("host", "host-envs"):
         raise ConfigError(
-            f"rollout_on='host' cannot train on a mesh of {num_devices} devices (each process steps its envs in the "
-            "mesh's program); allowed: rollout_on='device' or 'auto'"
+            f"rollout_on={config.rollout_on!r} cannot train on a mesh of {num_devices} devices (each process steps "
+            "its envs in the mesh's program); allowed: rollout_on='device' or 'auto'"
         )
     if config.iterations_per_dispatch != 1:
         raise ConfigError(

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from ..config import PPOConfig
 from ..core.collect import Collector
-from ..core.envs import EnvSpec
+from ..core.envs import EnvBackend, EnvSpec
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Metrics, make_iteration, make_prime, over_iterations
 from ..core.loss import Loss, model_loss
@@ -105,28 +105,40 @@ def init_state(config: PPOConfig, spec: EnvSpec, collector: Collector, *, conv_i
 
 def rollout_place(rollout_on: str) -> str:
     """Where ``config.rollout_on`` compiles the rollout on this machine: "device" (the whole iteration one program
-    on the default device) or "host" (``split.SplitPlacement``). "auto" is "device" everywhere: the host route is
-    built for an accelerator whose per-step round trip to EnvPool's host envs costs more than the host's CPU
-    spends on the policy's forward pass, and it is the default only where a measurement says so (none has been
-    made on a GPU yet: ``bench/device_check.py`` measures both)."""
+    on the default device), "host" (``split.SplitPlacement``) or "host-envs" (``host_envs.HostEnvsPlacement``).
+    "auto" is "device" everywhere: the other two are built for an accelerator whose per-step round trip to
+    EnvPool's host envs costs more than the rest of a step, and each is the default only where a measurement says
+    so (none has been made on a GPU yet: ``bench/device_check.py`` measures all three)."""
     return "device" if rollout_on == "auto" else rollout_on
 
 
-def check_rollout_place(rollout_on: str, env_backend: str, *, state_is_data: bool) -> None:
-    """ConfigError where ``rollout_on`` would step on the host's CPU envs that run inside the program."""
-    if rollout_place(rollout_on) == "host" and state_is_data:
+def check_rollout_place(config: PPOConfig, env_backend: EnvBackend, spec: EnvSpec | None = None) -> None:
+    """ConfigError where ``config.rollout_on`` would step on the host's CPU envs that run inside the program, or
+    ask of ``env_backend`` (and the env of ``spec``, where known) what its placement cannot do."""
+    place, rollout_on = rollout_place(config.rollout_on), config.rollout_on
+    if place != "device" and env_backend.state_is_data:
         raise ConfigError(
-            f"rollout_on={rollout_on!r} steps host envs (EnvPool, ALE) on the host's CPU, and {env_backend}'s envs "
-            "run inside the program; allowed: rollout_on='device' or 'auto'"
+            f"rollout_on={rollout_on!r} steps host envs (EnvPool, ALE) on the host's CPU, and {env_backend.name}'s "
+            "envs run inside the program; allowed: rollout_on='device' or 'auto'"
         )
+    if place == "host-envs":
+        from .host_envs import check_host_envs
+
+        check_host_envs(config, env_backend, spec)
 
 
-def placement_for(config: PPOConfig, spec: EnvSpec, *, state_is_data: bool) -> Placement:
-    """The placement ``config.rollout_on`` asks for here: ``OneDevice``, or the rollout on the host's CPU and the
-    learning on the default device (``SplitPlacement``, its rollout's convolutions on the CPU's route)."""
-    if rollout_place(config.rollout_on) == "device":
+def placement_for(config: PPOConfig, spec: EnvSpec, env_backend: EnvBackend) -> Placement:
+    """The placement ``config.rollout_on`` asks for here: ``OneDevice``; the rollout on the host's CPU and the
+    learning on the default device (``SplitPlacement``, its rollout's convolutions on the CPU's route); or the envs
+    stepped from a host loop and the rest on the default device (``HostEnvsPlacement``)."""
+    place = rollout_place(config.rollout_on)
+    if place == "device":
         return OneDevice()
-    check_rollout_place(config.rollout_on, config.env_backend, state_is_data=state_is_data)
+    check_rollout_place(config, env_backend, spec)
+    if place == "host-envs":
+        from .host_envs import HostEnvsPlacement
+
+        return HostEnvsPlacement()
     from .conv_route import resolve_conv_impl_for
     from .split import SplitPlacement
 
@@ -136,9 +148,13 @@ def placement_for(config: PPOConfig, spec: EnvSpec, *, state_is_data: bool) -> P
 
 def rollout_record(placement: Placement) -> dict[str, Any]:
     """Where ``placement`` runs the rollout, for ``hardware.json``: ``on`` "device" (one program, or a mesh's
-    two) or "host" with the rollout's device and convolutions' route and the learning's device."""
+    two), "host" with the rollout's device and convolutions' route and the learning's device, or "host-envs" with
+    the device of the policy (and of the learning)."""
+    from .host_envs import HostEnvsPlacement
     from .split import SplitPlacement
 
+    if isinstance(placement, HostEnvsPlacement):
+        return {"on": "host-envs", "policy_device": f"{placement.device.platform}:{placement.device.id}"}
     if not isinstance(placement, SplitPlacement):
         return {"on": "device"}
     return {

@@ -58,7 +58,7 @@ class _Segment(NamedTuple):
     """The envs that play from iteration ``start`` on, their collector and the program compiled for them."""
 
     start: int
-    pool: Pool | AsyncPool
+    pool: Pool | AsyncPool | Any
     collector: Collector
     program: Program
 
@@ -110,7 +110,7 @@ class Trainer:
             env_backend = backend(config.env_backend) if env is None else env_backend_of(env, config.env_backend)
         self.backend = env_backend
         self.spec: EnvSpec = spec or self.backend.spec(config.env_id)
-        self.placement = placement or placement_for(config, self.spec, state_is_data=self.backend.state_is_data)
+        self.placement = placement or placement_for(config, self.spec, self.backend)
         if restore is None:
             conv_impl = conv_impl or resolve_conv_impl_for(config.conv_impl, self.spec)  # type: ignore[arg-type]
             restore = init_checkpoint(config, self.spec, conv_impl=conv_impl, env_backend=self.backend)
@@ -144,7 +144,9 @@ class Trainer:
         seeds = pool_env_seeds(self.config, start)
         if share.count is not None:
             seeds = seeds[share.first : share.first + share.count]
-        pool, collector = make_collector(self.backend, self.config, seeds, share)
+        # A placement that steps the envs its own way (``HostEnvsPlacement``) makes them and their collector.
+        make = getattr(self.placement, "make_collector", make_collector)
+        pool, collector = make(self.backend, self.config, seeds, share)
         program = program or self.placement.program(collector, self.config.sizes, loss=self.loss)
         return _Segment(start, pool, collector, program)
 

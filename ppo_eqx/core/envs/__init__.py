@@ -102,6 +102,19 @@ class Pool(NamedTuple):
     render: Callable[[int], np.ndarray]
 
 
+class HostPool(NamedTuple):
+    """N envs, reset, stepped from the host in two calls (EnvPool's host API; a backend that has one makes it with
+    ``make_host``): ``send(actions)`` starts a step of every env with NumPy actions and returns at once, ``recv()``
+    waits for it and returns the step as an ``EnvOutput`` of NumPy arrays (env i in row i). Between the two the
+    host is free: ``host.loop`` acts for one pool while another steps."""
+
+    spec: EnvSpec
+    first_obs: np.ndarray
+    send: Callable[[np.ndarray], None]
+    recv: Callable[[], EnvOutput]
+    close: Callable[[], None]
+
+
 class AsyncEnv(NamedTuple):
     """An async pool's two pure, jittable calls, the handle threaded through both.
 
@@ -153,6 +166,15 @@ class EnvBackend(Protocol):
         self, env_id: str, seeds: Sequence[int], batch_size: int, *, threads: EnvThreads = BACKEND_THREADS
     ) -> AsyncPool:
         """``len(seeds)`` envs received ``batch_size`` at a time; ConfigError where the backend has no async pool."""
+        ...
+
+
+@runtime_checkable
+class HostBackend(Protocol):
+    """A backend whose envs can also be stepped from the host (EnvPool's): ``--rollout-on host-envs``."""
+
+    def make_host(self, env_id: str, seeds: Sequence[int], *, threads: EnvThreads = BACKEND_THREADS) -> HostPool:
+        """``make``'s envs as a ``HostPool``; ConfigError for an env it cannot step so."""
         ...
 
 

@@ -20,7 +20,7 @@ from jaxtyping import Array, Int
 
 from ...errors import ConfigError
 from .._types import EnvOutput
-from . import BACKEND_THREADS, AsyncEnv, AsyncPool, EnvSpec, EnvThreads, Pool
+from . import BACKEND_THREADS, AsyncEnv, AsyncPool, EnvSpec, EnvThreads, HostPool, Pool
 
 
 @contextlib.contextmanager
@@ -68,19 +68,20 @@ def _make(env_id: str, seeds: Sequence[int], threads: EnvThreads, **kwargs: Any)
     return pool
 
 
-def _env_output(timestep: tuple[Any, ...], atari: bool) -> EnvOutput:
-    """EnvPool's gymnasium ``(obs, reward, terminated, truncated, info)`` as an EnvOutput. EnvPool resets an env on
-    the step after its episode ends, so the observation that ends one is its final one."""
+def _env_output(timestep: tuple[Any, ...], atari: bool, xp: Any = jnp) -> EnvOutput:
+    """EnvPool's gymnasium ``(obs, reward, terminated, truncated, info)`` as an EnvOutput, computed with ``xp``
+    (``jax.numpy`` in the program, NumPy on the host). EnvPool resets an env on the step after its episode ends,
+    so the observation that ends one is its final one."""
     obs, reward, terminated, truncated, info = timestep
-    done = jnp.logical_or(terminated, truncated)
+    done = xp.logical_or(terminated, truncated)
     if atari:
         # info["terminated"] is the game over (all lives spent); info["reward"] the unclipped score.
-        game_over = jnp.logical_or(info["terminated"].astype(bool), truncated)
-        raw_reward = info["reward"].astype(jnp.float32)
+        game_over = xp.logical_or(info["terminated"].astype(bool), truncated)
+        raw_reward = info["reward"].astype(xp.float32)
     else:
-        game_over, raw_reward = done, reward.astype(jnp.float32)
-    time_limit = jnp.logical_and(truncated, jnp.logical_not(terminated))
-    return EnvOutput(obs, reward.astype(jnp.float32), done, raw_reward, game_over, time_limit, obs)
+        game_over, raw_reward = done, reward.astype(xp.float32)
+    time_limit = xp.logical_and(truncated, xp.logical_not(terminated))
+    return EnvOutput(obs, reward.astype(xp.float32), done, raw_reward, game_over, time_limit, obs)
 
 
 def _continuous_spec(env_id: str, space: Any, observation_space: Any) -> EnvSpec:
@@ -154,6 +155,25 @@ class EnvPoolBackend:
             return handle, _env_output(timestep, spec.kind == "frames")
 
         return Pool(spec, jnp.asarray(handle), step, first_obs, pool.close, lambda i: pool.render(env_ids=i)[0])
+
+    def make_host(self, env_id: str, seeds: Sequence[int], *, threads: EnvThreads = BACKEND_THREADS) -> HostPool:
+        """The envs of ``make``, stepped from the host through EnvPool's host API (``send``, then ``recv``)."""
+        spec = _spec(env_id)
+        if spec.continuous:
+            raise ConfigError(f"{env_id} has continuous actions, which its pool steps inside the program; allowed: "
+                              "rollout_on='device' or 'auto'")  # fmt: skip
+        pool = _make(env_id, seeds, threads)
+        atari = spec.kind == "frames"
+        with _quiet_gymnasium():
+            first_obs, _ = pool.reset()
+
+        def send(actions: np.ndarray) -> None:
+            pool.send(actions)
+
+        def recv() -> EnvOutput:
+            return _env_output(pool.recv(), atari, np)
+
+        return HostPool(spec, first_obs, send, recv, pool.close)
 
     def make_async(
         self, env_id: str, seeds: Sequence[int], batch_size: int, *, threads: EnvThreads = BACKEND_THREADS

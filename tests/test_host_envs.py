@@ -1,0 +1,136 @@
+"""EnvPool's envs stepped from a host loop, the policy on the default device (``--rollout-on host-envs``,
+``host.host_envs``; issue 40).
+
+The host-envs run computes what the one-program run computes: the same keys, seeds and actions, each half's
+actions drawn as those rows of the whole batch, so its states and metrics are the one-program run's to float32
+rounding (the policy sees half the rows at a time); a run resumed from a checkpoint is the uninterrupted one bit
+for bit; where it cannot run, one line and nothing written.
+"""
+
+import json
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
+
+import ppo_eqx
+from ppo_eqx.core.envs import backend
+from ppo_eqx.host.host_envs import HostEnvsPlacement
+from ppo_eqx.host.placement import OneDevice
+
+from .processes import ppo_eqx as ppo_eqx_args
+from .processes import run_child
+from .run_files import interrupted_copy, metrics_rows, tiny
+
+pytestmark = pytest.mark.subprocess
+
+
+def _train(config: ppo_eqx.PPOConfig, placement: object) -> tuple[list, list[np.ndarray]]:
+    with ppo_eqx.Trainer(config, placement=placement) as trainer:  # type: ignore[arg-type]
+        records = [row[0] for row in ppo_eqx.run_agents(trainer)]
+        checkpoint = trainer.checkpoint()
+    return records, [np.asarray(x) for x in jax.tree.leaves(eqx.filter(checkpoint, eqx.is_array))]
+
+
+@pytest.mark.envpool
+@pytest.mark.parametrize(
+    ("env_id", "num_envs"),
+    [
+        pytest.param("CartPole-v1", 3, id="cartpole-halves-of-1-and-2"),
+        pytest.param("Breakout-v5", 4, id="breakout-halves-of-2"),
+    ],
+)
+def test_the_host_envs_run_computes_what_one_program_computes(env_id: str, num_envs: int) -> None:
+    # 4 iterations in segments of 2: the second segment's envs are made afresh, its programs reused.
+    config = ppo_eqx.PPOConfig.for_task(
+        env_id, num_envs=num_envs, num_steps=16, num_minibatches=2, update_epochs=1,
+        total_timesteps=num_envs * 16 * 4, checkpoint_every=2,
+    )  # fmt: skip
+    one, one_arrays = _train(config, OneDevice())
+    loop, loop_arrays = _train(config, HostEnvsPlacement())
+    floats = [(a, b) for a, b in zip(one_arrays, loop_arrays, strict=True) if a.dtype.kind == "f"]
+    diff = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) for a, b in floats if a.size)
+    # Each Adam step moves a parameter by at most about 3.2 x the learning rate: two runs whose gradients differ by
+    # float32 rounding alone stay far below that bound; another batch (a wrong action, key or env) is far above.
+    steps = config.num_iterations * config.num_minibatches * config.update_epochs
+    assert diff <= 2 * 3.2 * config.learning_rate * steps / 10, diff
+    ints = [(a, b) for a, b in zip(one_arrays, loop_arrays, strict=True) if a.dtype.kind != "f"]
+    assert all(np.array_equal(a, b) for a, b in ints)  # the keys, the iteration, Adam's count
+    assert [row["global_step"] for row in loop] == [row["global_step"] for row in one]
+    for a, b in zip(one, loop, strict=True):
+        assert a["episodic_return"] == b["episodic_return"] or np.isnan(a["episodic_return"]) == np.isnan(
+            b["episodic_return"]
+        ), (a, b)
+        assert abs(a["loss"] - b["loss"]) <= 1e-3 * max(1.0, abs(a["loss"])), (a, b)
+
+
+@pytest.mark.envpool
+def test_envpools_host_pool_steps_as_its_xla_step_does() -> None:
+    """``make_host``'s halves (each env seeded as in the one pool) give the rows of the one pool's XLA step."""
+    envpool = backend("envpool")
+    seeds = [5, 6, 7, 8]
+    pool = envpool.make("Breakout-v5", seeds)
+    halves = [envpool.make_host("Breakout-v5", seeds[:2]), envpool.make_host("Breakout-v5", seeds[2:])]  # type: ignore[attr-defined]
+    step = jax.jit(pool.step)
+    handle = pool.handle
+    assert np.array_equal(np.asarray(pool.first_obs), np.concatenate([h.first_obs for h in halves]))
+    actions = np.random.default_rng(0).integers(0, 4, (60, 4)).astype(np.int32)
+    try:
+        for row in actions:
+            handle, out = step(handle, row)
+            for h, half in enumerate(halves):
+                half.send(row[2 * h : 2 * h + 2])
+            got = [half.recv() for half in halves]
+            for name in ("obs", "reward", "done", "raw_reward", "game_over", "truncated"):
+                joined = np.concatenate([np.asarray(getattr(g, name)) for g in got])
+                assert np.array_equal(np.asarray(getattr(out, name)), joined), name
+    finally:
+        pool.close()
+        for half in halves:
+            half.close()
+
+
+def test_a_host_envs_run_resumes_bit_exact_and_says_where_it_ran(tmp_path: Path) -> None:
+    finished = tmp_path / "finished"
+    code, out, err = run_child(ppo_eqx_args(*tiny(finished, 4), "--rollout-on", "host-envs"))
+    assert code == 0, out + err
+    first = next(line for line in out if "run directory" in line)
+    assert "rollout: host-envs (envs on the host's CPU, the policy on cpu:0)" in first, first
+    hardware = json.loads((finished / "hardware.json").read_text())
+    assert hardware["rollout"] == {"on": "host-envs", "policy_device": "cpu:0"}, hardware
+    resumed = interrupted_copy(finished, tmp_path / "resumed", at=2)
+    code, out, err = run_child(ppo_eqx_args("train", "--resume", str(resumed), "--no-progress"))
+    assert code == 0, out + err
+
+    def steady(rows: list[dict]) -> list[dict]:
+        return [{k: v for k, v in row.items() if k not in ("sps", "time_elapsed")} for row in rows]
+
+    assert steady(metrics_rows(resumed)) == steady(metrics_rows(finished))
+    last = "checkpoints/iter_000004.eqx"
+    assert (resumed / last).read_bytes() == (finished / last).read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        pytest.param(("--num-seeds", "2"), ("2 agents",), id="two-seeds"),
+        pytest.param(("--async-batch-size", "2"), ("async_batch_size 2",), id="async"),
+        pytest.param(("--bootstrap-truncated",), ("bootstrap_truncated",), id="bootstrap-truncated"),
+        pytest.param(("--env-id", "HalfCheetah-v4"), ("normalize_obs",), id="mujoco-normalized"),
+        pytest.param(
+            ("--env-id", "HalfCheetah-v4", "--no-normalize-obs", "--no-normalize-reward"),
+            ("continuous actions",),
+            id="mujoco",
+        ),
+        pytest.param(("--env-id", "Breakout-v5", "--env-backend", "ale"), ("host API", "'ale'"), id="ale"),
+    ],
+)
+def test_a_host_envs_run_where_it_cannot_run_is_one_line(tmp_path: Path, extra: tuple[str, ...], words) -> None:
+    if "ale" in extra:
+        pytest.importorskip("ale_py")
+    code, out, err = run_child(ppo_eqx_args(*tiny(tmp_path / "run", 1), "--rollout-on", "host-envs", *extra))
+    assert code == 2 and len(err) == 1 and err[0].startswith("ppo-eqx: error: rollout_on='host-envs'"), out + err
+    assert all(word in err[0] for word in words), err
+    assert not (tmp_path / "run").exists()
