@@ -352,6 +352,7 @@ def measurement_parts(
     parts += [
         (f"train_{auto}", "train", {"conv_impl": auto}),
         (f"train_{auto}_rollout_on_host", "train", {"conv_impl": auto, "rollout_on": "host"}),
+        (f"train_{auto}_rollout_on_host_envs", "train", {"conv_impl": auto, "rollout_on": "host-envs"}),
     ]
     if peers.get("cleanrl_script"):
         args = ["--cleanrl-script", peers["cleanrl_script"], "--cleanrl-python", peers["cleanrl_python"]]
@@ -446,6 +447,20 @@ def run_parts(
     return environment, rows
 
 
+def auto_rollout_on(environment: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The placement of the rollout that ``rollout_on="auto"`` should take on this machine: the fastest of CleanRL's
+    configuration's train parts (each placement on the route "auto" chose), with the rates it chose from. The
+    device kind is the key of ``ppo_eqx.host.placement.MEASURED_ROLLOUT``, where a measured choice is written."""
+    auto = environment.get("auto_conv_impl", "xla")
+    rates = {
+        row["rollout_on"]: row["env_steps_per_s"]
+        for row in rows
+        if row.get("status") == "ok" and row["part"].startswith(f"train_{auto}") and "env_steps_per_s" in row
+    }
+    choice = max(rates, key=rates.__getitem__) if rates else None
+    return {"device_kind": environment.get("device_kind"), "choice": choice, "env_steps_per_s": rates}
+
+
 def script_summary(result: dict[str, Any]) -> dict[str, Any]:
     """A script part's row: its headline figures (env steps/s of each program, or the plan's aggregate), and its
     whole output under ``result``."""
@@ -494,6 +509,7 @@ def main(argv: list[str] | None = None) -> None:
     environment, rows = run_parts(settings, args.part_timeout_s, peers)
     header = {
         "command": " ".join([Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]),
+        "auto_rollout_on": auto_rollout_on(environment, rows),
         "quick": args.quick,
         "settings": asdict(settings),
         "environment": environment,

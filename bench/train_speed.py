@@ -20,6 +20,13 @@ by the CPU and ignore the cap, so the limit's matmul rate is then OpenBLAS's AVX
 ``OPENBLAS_CORETYPE=Haswell``), XLA's own beside it in the JSON.
 
     python bench/train_speed.py --isa avx2 --json bench/results/train_speed_avx2.json
+
+With ``--rollout-on device host host-envs --rounds 3`` the loop is timed on each placement of the rollout in turn,
+alternated round by round in one process (a row per placement and round): a ratio between placements is then
+measured side by side, on the same machine in the same minutes.
+
+    python bench/train_speed.py --rollout-on device host host-envs --rounds 3 \
+        --json bench/results/train_speed_placements.json
 """
 
 import argparse
@@ -47,6 +54,7 @@ from _common import (
 )
 
 from ppo_eqx import EnvSpec, PPOConfig, Trainer, make_async_pool, make_optimizer, make_pool, run
+from ppo_eqx.config import ROLLOUT_PLACES
 
 
 def parse_args() -> argparse.Namespace:
@@ -60,6 +68,14 @@ def parse_args() -> argparse.Namespace:
         help="iterations run before timing (they also cover the background compile of the next env segment)",
     )
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations")
+    parser.add_argument(
+        "--rollout-on",
+        nargs="+",
+        choices=ROLLOUT_PLACES,
+        default=["auto"],
+        help="the placements of the rollout to time (PPOConfig.rollout_on), in turn, each round",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="rounds over the placements, alternated")
     parser.add_argument(
         "--async-batch-size",
         type=int,
@@ -135,6 +151,7 @@ def result_row(config: PPOConfig, loop: LoopTimes, env_sps: float, limit: float)
     loop_sps = config.batch_size * len(step_times) / sum(step_times)
     return {
         "env_id": config.env_id,
+        "rollout_on": config.rollout_on,
         "num_envs": config.num_envs,
         "async_batch_size": config.async_batch_size,
         "num_steps": config.num_steps,
@@ -160,8 +177,14 @@ def main() -> None:
     # The matmul rate before and after the loop: on a shared machine it varies by a factor of 2 from one second to
     # the next, and the ceiling is the best the machine showed.
     matmul_before, blas_before = matmul_rate(), blas_matmul_rate()
-    loop = time_loop(config, args.warmup, args.iterations)
-    # Ceilings in the same process, after the loop, on envs made the same way.
+    runs = []
+    for round_ in range(args.rounds):
+        for place in args.rollout_on:
+            placed = config.replace(rollout_on=place)
+            print(f"# round {round_ + 1} of {args.rounds}: rollout_on={place}", flush=True)
+            runs.append((round_, placed, time_loop(placed, args.warmup, args.iterations)))
+    loop = runs[-1][2]
+    # Ceilings in the same process, after the loops, on envs made the same way.
     env_sps, spec = env_ceiling(config)
     ceilings = model_flops(config, spec, make_optimizer(config.agent_hyperparameters(), config.sizes))
     matmul_after, blas_after = matmul_rate(), blas_matmul_rate()
@@ -183,8 +206,22 @@ def main() -> None:
         "iterations_timed": len(loop.records),
         "backend": jax.default_backend(),
         "final_loss": loop.records[-1]["loss"],
+        "rounds": args.rounds,
     }
-    write_results([result_row(config, loop, env_sps, limit)], header, args.json)
+    rows = [{"round": r + 1, **result_row(placed, times, env_sps, limit)} for r, placed, times in runs]
+    if len(args.rollout_on) > 1:
+        header["placements_over_first"] = placement_ratios(rows, args.rollout_on)
+    write_results(rows, header, args.json)
+
+
+def placement_ratios(rows: list[dict], places: list[str]) -> dict[str, dict[str, float]]:
+    """Each placement's loop rate over the first's, round by round (the rows of one round ran minutes apart)."""
+    first = {row["round"]: row["loop_sps"] for row in rows if row["rollout_on"] == places[0]}
+    ratios: dict[str, dict[str, float]] = {}
+    for place in places[1:]:
+        each = [row["loop_sps"] / first[row["round"]] for row in rows if row["rollout_on"] == place]
+        ratios[place] = {"median": statistics.median(each), "min": min(each), "max": max(each)}
+    return ratios
 
 
 if __name__ == "__main__":

@@ -63,7 +63,8 @@ def test_quick_runs_every_part_with_finite_numbers(tmp_path: Path) -> None:
     auto = environment["auto_conv_impl"]
     ale = ["ale_vector_8_t0"] if importlib.util.find_spec("ale_py") else []
     expected = [*HOST, "env_only_8", "env_only_16", "env_only_cpu_8", *ale, f"train_{auto}"]
-    expected += [f"train_{auto}_rollout_on_host", "cleanrl_side_by_side", "atari57_plan"]
+    expected += [f"train_{auto}_rollout_on_host", f"train_{auto}_rollout_on_host_envs", "cleanrl_side_by_side"]
+    expected += ["atari57_plan"]
     assert [row["part"] for row in rows] == expected == header["parts"]
     for row in rows:
         assert row["status"] == "ok", row
@@ -73,6 +74,14 @@ def test_quick_runs_every_part_with_finite_numbers(tmp_path: Path) -> None:
     assert by_part["cleanrl_side_by_side"]["ppo-eqx_steady_sps"] > 0
     assert by_part["atari57_plan"]["env_steps_per_s"] > 0 and by_part["atari57_plan"]["runs_at_once"] == 1
     assert by_part[f"train_{auto}_rollout_on_host"]["rollout_on"] == "host"
+    assert by_part[f"train_{auto}_rollout_on_host_envs"]["rollout_on"] == "host-envs"
+    # The choice "auto" should make here: the fastest of the three placements, each measured above.
+    choice = header["auto_rollout_on"]
+    placements = {by_part[name]["rollout_on"]: by_part[name]["env_steps_per_s"] for name in by_part if
+                  name.startswith(f"train_{auto}")}  # fmt: skip
+    assert set(choice["env_steps_per_s"]) == {"device", "host", "host-envs"} == set(placements)
+    assert choice["choice"] == max(placements, key=placements.__getitem__)
+    assert choice["device_kind"] == environment["device_kind"]
     trained = [row for row in rows if row["part"].startswith(("train_", "async", "seeds_", "gymnax_"))]
     for row in rows:
         if row not in trained and row["part"] not in ("cleanrl_side_by_side", "atari57_plan"):

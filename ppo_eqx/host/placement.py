@@ -103,13 +103,20 @@ def init_state(config: PPOConfig, spec: EnvSpec, collector: Collector, *, conv_i
     return TrainState(agents.model, agents.opt_state, carry, agents.key, agents.iteration, hyperparameters)
 
 
+MEASURED_ROLLOUT: dict[str, str] = {}
+"""Device kind (jax's ``Device.device_kind`` of the default device) -> the placement of the rollout that
+``bench/device_check.py`` measured fastest on it (its ``auto_rollout_on``): what ``rollout_on="auto"`` takes there.
+Empty until a machine's measurement is committed: "auto" is "device" everywhere else (on a 2-core AMD EPYC CPU the
+one program was the fastest of the three: bench/results/train_speed_placements.json)."""
+
+
 def rollout_place(rollout_on: str) -> str:
     """Where ``config.rollout_on`` compiles the rollout on this machine: "device" (the whole iteration one program
     on the default device), "host" (``split.SplitPlacement``) or "host-envs" (``host_envs.HostEnvsPlacement``).
-    "auto" is "device" everywhere: the other two are built for an accelerator whose per-step round trip to
-    EnvPool's host envs costs more than the rest of a step, and each is the default only where a measurement says
-    so (none has been made on a GPU yet: ``bench/device_check.py`` measures all three)."""
-    return "device" if rollout_on == "auto" else rollout_on
+    "auto" is what ``MEASURED_ROLLOUT`` says of this machine's device, else "device"."""
+    if rollout_on != "auto":
+        return rollout_on
+    return MEASURED_ROLLOUT.get(jax.devices()[0].device_kind, "device") if MEASURED_ROLLOUT else "device"
 
 
 def check_rollout_place(config: PPOConfig, env_backend: EnvBackend, spec: EnvSpec | None = None) -> None:
