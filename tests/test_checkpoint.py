@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import ppo_eqx.host.rundir as rundir
+import ppo_eqx.host.run_directory as run_directory
 from ppo_eqx import ActorCritic, Checkpoint, CheckpointError, PPOConfig
 from ppo_eqx.core.envs import EnvSpec, env_spec, segment_env_seeds
 from ppo_eqx.core.state import init_agents
@@ -94,13 +94,13 @@ def test_a_newer_checkpoint_of_someone_elses_is_not_a_reason_to_delete_the_one_w
 def test_a_full_disk_leaves_the_previous_checkpoint_intact(tmp_path, spec, fresh, monkeypatch):
     previous = save_checkpoint(tmp_path, at_iteration(fresh, 2, seed=1), CARTPOLE, spec, keep=3)
     before = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints").iterdir()}
-    real_write = rundir.write_all
+    real_write = run_directory.write_all
 
     def write_half_then_fail(fd, data):
         real_write(fd, data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(rundir, "write_all", write_half_then_fail)
+    monkeypatch.setattr(run_directory, "write_all", write_half_then_fail)
     with pytest.raises(OSError) as raised:
         save_checkpoint(tmp_path, at_iteration(fresh, 4, seed=2), CARTPOLE, spec, keep=3)
     assert raised.value.errno == errno.ENOSPC

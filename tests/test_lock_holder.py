@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from ppo_eqx.errors import RunDirError
-from ppo_eqx.host.ownership import LOCK, RunLock
+from ppo_eqx.host.lock import RunLock
+from ppo_eqx.host.rundir import LOCK
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,6 @@ import types
 import pytest
 
 import ppo_eqx.host.run_directory as run_directory
-import ppo_eqx.host.rundir as rundir
 from ppo_eqx import PPOConfig
 from ppo_eqx.cli import main
 from ppo_eqx.core.envs import env_spec
@@ -159,7 +158,7 @@ def test_resume_flags_that_contradict_the_run_are_refused(finished_run, tmp_path
 
 def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(finished_run, tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "run"
-    real_write = rundir.write_all
+    real_write = run_directory.write_all
     calls = []
 
     def disk_fills_at_the_second_checkpoint(fd, data):
@@ -170,7 +169,7 @@ def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(finished_run, t
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_write(fd, data)
 
-    monkeypatch.setattr(rundir, "write_all", disk_fills_at_the_second_checkpoint)
+    monkeypatch.setattr(run_directory, "write_all", disk_fills_at_the_second_checkpoint)
     capsys.readouterr()
     assert train(run_dir) == 1
     line = error_line(capsys)
@@ -197,14 +196,13 @@ def test_a_full_disk_stops_the_run_and_keeps_the_last_checkpoint(finished_run, t
 def test_a_full_disk_at_the_start_names_the_file_it_could_not_write(tmp_path, capsys, monkeypatch, name):
     """ "No space left on device" alone named no path (issue 41): now the line names the file."""
     run_dir = tmp_path / "run"
-    real_write = rundir.write_all
+    real_write = run_directory.write_all
 
     def full_for(fd, data):
         if (name == "config.json" and data[:1] == b"{") or (name != "config.json" and data[:1] == b"["):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real_write(fd, data)
 
-    monkeypatch.setattr(rundir, "write_all", full_for)
     monkeypatch.setattr(run_directory, "write_all", full_for)
     capsys.readouterr()
     assert train(run_dir) in (1, 2)

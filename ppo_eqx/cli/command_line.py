@@ -16,8 +16,10 @@ from typing import Any, NoReturn
 
 from ..config import FIELD_CHOICES, FIELD_TYPES, INT32_MAX, PPOConfig, flag
 from ..errors import ConfigError, RunDirError, RunError, UsageError
-from ..host.ownership import read_manifest, refuse_if_held, refuse_look_alikes
-from ..host.rundir import CHECKPOINT_DIR, check_output, path_problem
+from ..host.lock import refuse_if_held
+from ..host.manifest import read_manifest
+from ..host.ownership import check_output, path_problem, refuse_look_alikes
+from ..host.rundir import CHECKPOINT_DIR
 from ..sweeps import NOT_SWEEPABLE, SWEEPABLE
 from ..validation import IMPORTABLE
 from .environment import XlaFlagsProbe, import_jax, restore_xla_flags, schedule_small_programs

@@ -19,8 +19,9 @@ from ..errors import RunError, UsageError
 from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint
 from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
 from ..host.evaluate import VIDEO_FORMATS, Evaluation, VideoWriter, eval_key, evaluate, normalization_of, summarise
-from ..host.ownership import is_eval_result
-from ..host.rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, write_json
+from ..host.ownership import check_output, is_eval_result
+from ..host.run_directory import write_json
+from ..host.rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG
 from .checks import require
 from .environment import XlaFlagsProbe, check_backend, check_jax_settings
 from .interrupts import EARLY

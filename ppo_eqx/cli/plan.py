@@ -66,7 +66,6 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
     env_id = PPOConfig.env_id if args.env_id is None else args.env_id
     config = PPOConfig.for_task(env_id, args.env_backend, **values)  # None: by the id (for_task)
     env_backend = backend(config.env_backend)
-    check_rollout_place(config, env_backend)
     if config.async_batch_size and not env_backend.has_async:
         raise ConfigError(
             f"async_batch_size={config.async_batch_size} is not possible with --env-backend {env_backend.name}; "

@@ -21,11 +21,10 @@ from ..host.checkpoint import load_checkpoint
 from ..host.hardware import hardware_info
 from ..host.lock import RunLock, refuse_if_held
 from ..host.mesh import MeshPlacement, any_process, check_mesh_config
-from ..host.ownership import check_resumed_dirs, check_run_dirs, take_new_run
+from ..host.ownership import check_resumed_dirs, check_run_dirs, free_name, take_new_run
 from ..host.placement import placement_for, rollout_record
 from ..host.resume import read_run_again
 from ..host.run_directory import RunDirectory
-from ..host.rundir import free_name
 from .checks import check_addresses, check_memory, check_wandb_names, conv_route, require
 from .environment import (
     XlaFlagsProbe,

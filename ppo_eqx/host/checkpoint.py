@@ -28,8 +28,8 @@ from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
 from ..errors import CheckpointError, ConfigError, show_value
 from .fresh import init_checkpoint
-from .run_directory import RunDirectory
-from .rundir import CHECKPOINT_DIR, CONFIG, json_bytes, read_bounded
+from .run_directory import RunDirectory, json_bytes
+from .rundir import CHECKPOINT_DIR, CONFIG, read_bounded
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"iter_(\d{6,})\.json")

@@ -1,6 +1,8 @@
-"""Taking a directory for a run: what is in it before a run writes it (``look_alikes``), ``--overwrite``
-(``clear_run``: deletes exactly what the old run's manifest lists, nothing a user put beside it), and the new run's
-directory made, locked, checked under the lock and cleared (``take_new_run``). No jax here: files only.
+"""Which paths a command of ppo-eqx may write, and taking a directory for a run: a new run's path
+(``check_new_run_dir``) and an evaluation's output (``check_output``), neither inside another run's own files; what
+is in a directory before a run writes it (``look_alikes``), ``--overwrite`` (``clear_run``: deletes exactly what the
+old run's manifest lists, nothing a user put beside it), and the new run's directory made, locked, checked under
+the lock and cleared (``take_new_run``). No jax here: files only (refused with ``errors.RunDirError``).
 
 The lock is ``lock.py``'s, the manifest's grammar ``manifest.py``'s, and every write and delete goes through the
 directory's one owner, ``run_directory.RunDirectory``. A directory that an earlier ppo-eqx wrote without a manifest
@@ -8,6 +10,8 @@ is no run of this one's: it is refused as any directory holding files named like
 """
 
 import contextlib
+import errno
+import itertools
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -15,34 +19,27 @@ from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from ..errors import RunDirError
-from .lock import RunLock, refuse_if_held
-from .manifest import Kind, ManifestError, read_manifest
+from .lock import RunLock
+from .manifest import Kind, read_manifest
 from .run_directory import RunDirectory
 from .rundir import (
     BOOKKEEPING,
     CHECKPOINT_DIR,
     EVAL,
-    LOCK,
     MANIFEST,
     METRICS,
     SEEDS_CONFIG,
-    check_new_run_dir,
-    claim_new_dir,
-    make_dirs,
     written_checkpoint_name,
     written_name,
 )
-from .rundir import (
-    agent_dirs as agent_dirs_of,
-)
-from .rundir import (
-    holds_run as looks_like_a_run,
-)
+from .rundir import agent_dirs as agent_dirs_of
+from .rundir import holds_run as looks_like_a_run
 
-__all__ = ["LOCK", "MANIFEST", "ManifestError", "RunLock", "read_manifest", "refuse_if_held"]  # their owners' names
+Entries = list[tuple[Kind, str]]
+"""A manifest's entries (``manifest.read_manifest``)."""
 
 
-def owned_entries(run_dir: Path) -> list[tuple[Kind, str]]:
+def owned_entries(run_dir: Path) -> Entries:
     """The run's entries: its manifest's, or none."""
     return read_manifest(run_dir) or []
 
@@ -75,13 +72,14 @@ def _plain(name: str) -> str:
     return name[1:-4] if name.startswith(".") and name.endswith(".tmp") and len(name) > 5 else name
 
 
-def look_alikes(run_dir: Path) -> list[str]:
+def look_alikes(run_dir: Path, entries: Entries | None = None) -> list[str]:
     """What ``run_dir`` holds under a name that a run writes, without the run there having written it: every such
-    name when no run of ppo-eqx's is there, else those its manifest does not list (relative paths, directories
-    with a trailing ``/``). A new run would write over them, or ``--overwrite`` take them for the run's."""
+    name when no run of ppo-eqx's is there, else those its manifest (``entries``, read here if not given) does not
+    list (relative paths, directories with a trailing ``/``). A new run would write over them, or ``--overwrite``
+    take them for the run's."""
     if not run_dir.is_dir():
         return []
-    listed = {relative for _, relative in owned_entries(run_dir)}
+    listed = {relative for _, relative in (owned_entries(run_dir) if entries is None else entries)}
     found = []
     for path in sorted(run_dir.iterdir()):
         name = path.name
@@ -99,11 +97,12 @@ def look_alikes(run_dir: Path) -> list[str]:
     return found
 
 
-def refuse_look_alikes(run_dir: Path, directory: Path) -> None:
+def refuse_look_alikes(run_dir: Path, directory: Path, entries: Entries | None = None) -> None:
     """RunDirError naming what ``directory`` (``run_dir`` or one of its agents' directories) holds under names a
-    run writes without a run of ppo-eqx's there having written it (``look_alikes``)."""
+    run writes without a run of ppo-eqx's there having written it (``look_alikes``; ``entries``: its manifest's)."""
     found = [
-        os.path.join(os.path.relpath(directory, run_dir), name).removeprefix("./") for name in look_alikes(directory)
+        os.path.join(os.path.relpath(directory, run_dir), name).removeprefix("./")
+        for name in look_alikes(directory, entries)
     ]
     if found:
         shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
@@ -113,13 +112,14 @@ def refuse_look_alikes(run_dir: Path, directory: Path) -> None:
         )
 
 
-def never_trained(run_dir: Path) -> bool:
-    """Whether the run of ppo-eqx's in ``run_dir`` stopped before anything of it could be kept: no checkpoint,
-    and no agent wrote a row of metrics (what a kill or a fault before the first iteration leaves). A plain retry
-    may start afresh there."""
-    if read_manifest(run_dir) is None or any((run_dir / CHECKPOINT_DIR).glob("iter_*.json")):
+def never_trained(run_dir: Path, entries: Entries | None = None) -> bool:
+    """Whether the run of ppo-eqx's in ``run_dir`` (its manifest's ``entries``, read here if not given) stopped
+    before anything of it could be kept: no checkpoint, and no agent wrote a row of metrics (what a kill or a fault
+    before the first iteration leaves). A plain retry may start afresh there."""
+    entries = read_manifest(run_dir) if entries is None else entries
+    if entries is None or any((run_dir / CHECKPOINT_DIR).glob("iter_*.json")):
         return False
-    for agent_dir in [run_dir, *owned_agents(run_dir)]:
+    for agent_dir in [run_dir, *(run_dir / relative for kind, relative in entries if kind == "run")]:
         with contextlib.suppress(FileNotFoundError):
             if (agent_dir / METRICS).read_text(errors="replace").strip():
                 return False
@@ -208,15 +208,132 @@ def _leftovers(directory: RunDirectory, prefix: str, dirs: set[str], runs: set[s
     return left
 
 
+# --- the paths a command writes: a new run's directory, an evaluation's output --------------------------------
+
+
+def free_name(base: Path) -> Path:
+    """The first of ``base``, ``base__2``, ``base__3``, ... that does not exist now (``claim_new_dir`` takes one)."""
+    return next(path for n in itertools.count(1) if not (path := _numbered(base, n)).exists())
+
+
+def _numbered(base: Path, n: int) -> Path:
+    return base if n == 1 else base.with_name(f"{base.name}__{n}")
+
+
+def claim_new_dir(base: Path) -> Path:
+    """Create ``base`` as a new, empty directory (its parents as needed), or if it exists the first of
+    ``base__2``, ``base__3``, ... that does not: ``mkdir`` is atomic, so two runs started at once get two."""
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+        for n in itertools.count(1):
+            path = _numbered(base, n)
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                continue
+    except OSError as error:
+        raise RunDirError(f"--run-dir {base} is not writable: {error.strerror}") from None
+    raise AssertionError("unreachable")
+
+
+MAX_PATH = 4096
+MAX_NAME = 255
+
+
+def path_problem(text: str) -> str | None:
+    """What makes ``text`` no path at all (empty, a NUL character, too long), said for a message; else None."""
+    if not text:
+        return "is empty; allowed: a path"
+    if "\0" in text:
+        return "holds a NUL character; allowed: a path"
+    if len(text) > MAX_PATH or any(len(part) > MAX_NAME for part in text.split("/")):
+        return f"is too long; allowed: {MAX_PATH} characters, {MAX_NAME} per name"
+    return None
+
+
+def check_path(flag: str, path: Path) -> None:
+    """RunDirError unless ``path`` could be a file or directory to write: a path (``path_problem``; ``Path("")``
+    reads as "."), and no part of it an existing file (a path "inside a file")."""
+    text = str(path)
+    problem = path_problem("" if text == "." else text)
+    if problem is not None:
+        raise RunDirError(f"{flag} {text[:60]} {problem}" if text != "." else f"{flag} {problem}")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise RunDirError(f"{flag} {path}: {parent} is a file, not a directory")
+
+
+def resolved(flag: str, path: Path) -> Path:
+    """``path.resolve()``, or RunDirError for a symbolic link loop (Python 3.11 raises RuntimeError, 3.13 OSError)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as error:
+        reason = getattr(error, "strerror", None) or os.strerror(errno.ELOOP)
+        raise RunDirError(f"{flag} {path}: a symbolic link loop ({reason})") from None
+
+
+def run_file(path: Path, run_dir: Path, flag: str = "path") -> str | None:
+    """The name of ``run_dir``'s own file that ``path`` is (or lies in), else None: any name ``written_name``
+    says a run writes, its bookkeeping and temporaries included, but ``eval.json`` itself (``ppo-eqx eval``'s own)."""
+    try:
+        relative = resolved(flag, path).relative_to(resolved(flag, run_dir))
+    except ValueError:
+        return None
+    name = relative.parts[0] if relative.parts else "."
+    return name if name == "." or (written_name(name) and name != EVAL) else None
+
+
+def _check_not_in_a_run(flag: str, path: Path) -> None:
+    """RunDirError if ``path`` is, or lies in, one of the own files of a run (or an agent's run) above it."""
+    for parent in resolved(flag, path).parents:
+        own = run_file(path, parent, flag) if looks_like_a_run(parent) or (parent / MANIFEST).exists() else None
+        if own is not None:
+            raise RunDirError(f"{flag} {path} is the {own} of the run in {parent}; allowed: a path of its own")
+
+
+def check_output(flag: str, path: Path, run_dir: Path) -> None:
+    """RunDirError unless ``path`` can be written by ``ppo-eqx eval``: a writable place that is not a
+    directory and not one of the run's own files, through a link or not (``eval.json`` is eval's own)."""
+    check_path(flag, path)
+    if path.is_dir():
+        raise RunDirError(f"{flag} {path} is a directory; allowed: a file name")
+    own = run_file(path, run_dir, flag)
+    if own is not None:
+        raise RunDirError(f"{flag} {path} is the run's own {own}; allowed: another file")
+    _check_not_in_a_run(flag, path)
+    parent = path.parent
+    if not parent.is_dir():
+        raise RunDirError(f"{flag} {path}: no directory {parent}")
+    if not os.access(parent, os.W_OK):
+        raise RunDirError(f"{flag} {path}: {parent} is not writable")
+
+
+def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """RunDirError unless a new run may be written to ``run_dir`` as far as its path goes (nothing is written or
+    created here; what is in it is ``check_run_dirs``'s)."""
+    check_path("--run-dir", run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"--run-dir {run_dir} is a file, not a directory")
+    # A run among another run's own files (its checkpoints/) would go with them when that run is overwritten.
+    _check_not_in_a_run("--run-dir", run_dir)
+    existing = next((p for p in (run_dir, *run_dir.parents) if p.exists()), Path("."))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise RunDirError(f"--run-dir {run_dir} is not writable: {existing} is not writable")
+
+
 # --- taking a directory for a new run ----------------------------------------------------------------------------
 
 
-def refuse_links(run_dir: Path, directory: Path) -> None:
+def refuse_links(run_dir: Path, directory: Path, entries: Entries | None = None) -> None:
     """RunDirError naming a symbolic link in ``directory`` (``run_dir`` or one of its agents') where a run writes
     (``checkpoints``, ``metrics.jsonl``, ...): a run writes only inside its own directory, and ``--overwrite`` keeps
-    what its run did not write, so it would stay in the way. A listed file that is a link is the run's to delete."""
-    listed = set(owned_entries(directory)) if directory.is_dir() else set()
-    for path in sorted(directory.iterdir()) if directory.is_dir() else []:
+    what its run did not write, so it would stay in the way. A listed file (in ``entries``, its manifest's, read
+    here if not given) that is a link is the run's to delete."""
+    if not directory.is_dir():
+        return
+    listed = set(owned_entries(directory) if entries is None else entries)
+    for path in sorted(directory.iterdir()):
         if path.is_symlink() and written_name(path.name) and ("file", path.name) not in listed:
             shown = os.path.relpath(path, run_dir)
             raise RunDirError(
@@ -237,14 +354,15 @@ def check_run_dirs(run_dir: Path, agent_dirs: Sequence[Path], overwrite: bool) -
         if looks_like_a_run(parent) and any(run_dir.absolute().is_relative_to(a) for a in owned_agents(parent)):
             raise RunDirError(f"--run-dir {run_dir} is an agent's directory of the run in {parent}; allowed: a path "
                               "of its own")  # fmt: skip
-    refuse_look_alikes(run_dir, run_dir)
-    refuse_links(run_dir, run_dir)
-    if has_run(run_dir) and not overwrite and not never_trained(run_dir):
+    entries = owned_entries(run_dir) if run_dir.is_dir() else []  # the manifest, read once
+    refuse_look_alikes(run_dir, run_dir, entries)
+    refuse_links(run_dir, run_dir, entries)
+    if entries and not overwrite and not never_trained(run_dir, entries):
         raise RunDirError(
             f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it "
             f"or --resume {run_dir} to continue it"
         )
-    owned = owned_agents(run_dir) if overwrite else set()
+    owned = {run_dir / relative for kind, relative in entries if kind == "run"} if overwrite else set()
     for agent_dir in agent_dirs:
         if overwrite and agent_dir not in owned and looks_like_a_run(agent_dir):
             raise RunDirError(
@@ -252,30 +370,36 @@ def check_run_dirs(run_dir: Path, agent_dirs: Sequence[Path], overwrite: bool) -
                 "it, or pick another --run-dir"
             )
         check_new_run_dir(agent_dir, overwrite)
-        refuse_look_alikes(run_dir, agent_dir)
-        refuse_links(run_dir, agent_dir)
+        agent_entries = owned_entries(agent_dir) if agent_dir.is_dir() else []
+        refuse_look_alikes(run_dir, agent_dir, agent_entries)
+        refuse_links(run_dir, agent_dir, agent_entries)
 
 
 def check_resumed_dirs(run_dir: Path, agent_dirs: Sequence[Path]) -> None:
     """A run to resume wrote a manifest (ppo-eqx writes only where it knows what it wrote: an earlier ppo-eqx's run,
     without one, is refused in one line), and no link stands where it writes (``refuse_links``)."""
-    if read_manifest(run_dir) is None:
+    entries = read_manifest(run_dir)
+    if entries is None:
         raise RunDirError(
             f"--resume {run_dir}: it holds no list of what its run wrote ({MANIFEST}: an earlier ppo-eqx wrote it), "
             "and ppo-eqx writes only where it knows what it wrote; train a new run, or resume it with the ppo-eqx "
             "that wrote it"
         )
-    for directory in [run_dir, *agent_dirs]:
+    refuse_links(run_dir, run_dir, entries)
+    for directory in agent_dirs:
         refuse_links(run_dir, directory)
 
 
 def take_new_run_dir(run_dir: Path, *, claim: bool, command: str) -> tuple[Path, RunLock]:
     """Create the new run's directory (``claim``: a default name, made fresh as ``run_dir`` or ``run_dir__2``, ...:
-    ``rundir.claim_new_dir``) and lock it: the directory taken, and its lock. The caller checks it again under the
+    ``claim_new_dir``) and lock it: the directory taken, and its lock. The caller checks it again under the
     lock before anything is written."""
     if claim:
         run_dir = claim_new_dir(run_dir)
-    make_dirs("--run-dir", run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RunDirError(f"--run-dir {run_dir} is not writable: {error.strerror}") from None
     return run_dir, RunLock.take(run_dir, command)
 
 

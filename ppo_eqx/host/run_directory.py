@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import RunDirError
 from .lock import kind_of
 from .manifest import Kind, read_manifest, written_entry
-from .rundir import BOOKKEEPING, MANIFEST, json_bytes, write_all, write_whole
+from .rundir import BOOKKEEPING, MANIFEST
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
@@ -303,3 +303,52 @@ class RunDirectory:
             f"{self.path / relative} is a {kind_of(mode)}, where a run writes its own; a run writes only inside its "
             "directory, never through a link: remove it (or pick another --run-dir) and try again"
         )
+
+
+# --- the atomic write, for the run's files and (outside a run) ``ppo-eqx eval``'s results -------------------------
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (``os.write`` may take less at a time)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def write_whole(dir_fd: int, name: str, data: bytes) -> None:
+    """Write the file ``name`` in the directory ``dir_fd`` whole: ``data`` to its temporary (``.NAME.tmp``, never
+    through a link), fsynced and renamed over it, the directory fsynced; on any failure the temporary is removed and
+    the file left as it was. A crash leaves the old file or the new one."""
+    temporary = f".{name}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
+    try:
+        try:
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=dir_fd)
+        raise
+    os.fsync(dir_fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """``write_whole`` of ``path`` (outside a run: ``ppo-eqx eval``'s results)."""
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        write_whole(dir_fd, path.name, data)
+    finally:
+        os.close(dir_fd)
+
+
+def json_bytes(data: Any) -> bytes:
+    """``data`` as the JSON the run directory holds (indented, no NaN: a ValueError before anything is written)."""
+    return (json.dumps(data, indent=2, allow_nan=False) + "\n").encode()
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON atomically (``write_atomic``)."""
+    write_atomic(path, json_bytes(data))
