@@ -1,7 +1,7 @@
 """``ppo-eqx train`` beside CleanRL's ``ppo_continuous_action.py`` on one MuJoCo task, whole processes, alternated.
 
-    python bench/cleanrl_continuous_speed.py --cleanrl-python /tmp/torchvenv/bin/python \\
-        --cleanrl-script /tmp/cleanrl/ppo_continuous_action.py --json bench/results/cleanrl_continuous_speed.json
+    python bench/cleanrl_continuous_speed.py --cleanrl-python .peers/torch/bin/python \\
+        --cleanrl-script .peers/ppo_continuous_action.py --json bench/results/cleanrl_continuous_speed.json
 
 Each round runs ppo-eqx (its continuous preset, ``--total-timesteps OURS``) and then CleanRL's script (its
 defaults, ``--total-timesteps THEIRS``, ``--no-cuda``; torch and gymnasium's MuJoCo in a venv outside this

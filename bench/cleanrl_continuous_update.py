@@ -1,7 +1,7 @@
 """One update of ppo_eqx's continuous policy against CleanRL's ``ppo_continuous_action.py`` (torch), on the same
 parameters, batch and minibatch order.
 
-    python bench/cleanrl_continuous_update.py --torch-python /tmp/torchvenv/bin/python
+    python bench/cleanrl_continuous_update.py --torch-python .peers/torch/bin/python
 
 ppo_eqx's side: a ``GaussianActorCritic`` of HalfCheetah's sizes (17 observations, 6 actions), a batch of 2048
 transitions drawn at random, CleanRL's continuous preset (32 minibatches, 10 epochs, Adam at 3e-4 with eps 1e-5,

@@ -6,8 +6,8 @@ ppo-eqx's ``grid`` one (two 2 x 256 ReLU MLPs on the flattened grid), so the wei
 unchanged and play through ``ppo_eqx.evaluate``, as ``ppo-eqx eval`` plays our own agents: the published
 figure's agent, measured as ours are, on the env we train on.
 
-    python bench/minatar_checkpoints.py --gymnax-blines /work/scratch/gymnax-blines \\
-        --blines-python /work/scratch/gymnax/venv/bin/python --json bench/results/minatar_checkpoints.json
+    python bench/minatar_checkpoints.py --gymnax-blines .peers/gymnax-blines \\
+        --blines-python .peers/gymnax/bin/python --json bench/results/minatar_checkpoints.json
 
 ``--blines-python`` unpickles the checkpoints (it needs flax and dotmap; ``peer_runners/read_blines_checkpoint.py``
 writes their arrays as .npz); this Python needs ``ppo_eqx[gymnax]``. Nothing of gymnax-blines is imported here.

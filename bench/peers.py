@@ -13,8 +13,8 @@ mean over envs of each env's last finished episode), mean over agents.
 Tasks (``bench/peer_runners/_common.py`` has every setting): ``cartpole``, CleanRL's ppo.py on CartPole-v1
 (499,712 steps); ``breakout``, gymnax-blines' PPO on Breakout-MinAtar (``--breakout-iterations`` of 8,192 steps).
 
-    python bench/peers.py --purejaxrl /work/scratch/gymnax/purejaxrl \\
-        --purejaxrl-python /work/scratch/gymnax/venv/bin/python --rejax-python /work/scratch/gymnax/venv/bin/python \\
+    python bench/peers.py --purejaxrl .peers/purejaxrl \\
+        --purejaxrl-python .peers/gymnax/bin/python --rejax-python .peers/gymnax/bin/python \\
         --ppo-eqx-python .venv/bin/python --tasks cartpole --agents 1 64 --json bench/results/peers_cartpole.json
 
 This script imports neither jax nor ppo_eqx; the table is also written beside the JSON (``.md``).

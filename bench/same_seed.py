@@ -5,7 +5,7 @@ A refactor keeps behaviour when every run it trains equals the one the code befo
 checkpoint's arrays. The runs go through the command line alone, so any two versions can be compared (an old
 checkout's venv against this one's)::
 
-    python bench/same_seed.py run --ppo-eqx /work/main/.venv/bin/ppo-eqx --out /tmp/same_seed/before
+    python bench/same_seed.py run --ppo-eqx ../before/.venv/bin/ppo-eqx --out /tmp/same_seed/before
     python bench/same_seed.py run --ppo-eqx .venv/bin/ppo-eqx --out /tmp/same_seed/after
     python bench/same_seed.py compare /tmp/same_seed/before /tmp/same_seed/after
 
