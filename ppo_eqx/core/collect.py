@@ -56,11 +56,13 @@ Discount = float | Float[Array, ""]
 """A discount: one agent's array inside the iteration, or a number."""
 
 
-def _no_prime(model: ActorCritic, carry: Carry, key: PRNGKeyArray) -> tuple[Carry, PRNGKeyArray]:
+def no_prime(model: ActorCritic, carry: Carry, key: PRNGKeyArray) -> tuple[Carry, PRNGKeyArray]:
+    """``Collector.prime`` of a pool whose envs need no first steps: the carry and key as they are."""
     return carry, key
 
 
-def _stats_of(carry: Carry) -> EpisodeStats:
+def stats_of(carry: Carry) -> EpisodeStats:
+    """``Collector.save`` of a host pool: the episode statistics alone (its envs cannot be saved)."""
     return carry.stats
 
 
@@ -144,8 +146,8 @@ def sync_collector(
             first_obs = _per_agent(jnp.asarray(again.first_obs), num_agents)
             return RolloutCarry(again.handle, first_obs, fresh_episodes(saved.stats))
 
-        return Collector(carry, _no_prime, collect, kept, restore, True)
-    return Collector(carry, _no_prime, collect, _stats_of, lambda stats: carry(fresh_episodes(stats)), True)
+        return Collector(carry, no_prime, collect, kept, restore, True)
+    return Collector(carry, no_prime, collect, stats_of, lambda stats: carry(fresh_episodes(stats)), True)
 
 
 def jax_env_collector(
@@ -166,7 +168,7 @@ def jax_env_collector(
     collect = _rollout_collect(
         pool.step, num_steps=num_steps, first_env=0, total_envs=None, bootstrap_truncated=bootstrap_truncated
     )
-    return Collector(carry, _no_prime, collect, _same, _same, False)
+    return Collector(carry, no_prime, collect, _same, _same, False)
 
 
 def async_collector(pool: AsyncPool, *, num_steps: int) -> Collector:
@@ -205,4 +207,4 @@ def async_collector(pool: AsyncPool, *, num_steps: int) -> Collector:
         )
         return carry, Batch(t.obs, t.actions, t.logprobs, t.values, advantages, returns)
 
-    return Collector(carry, prime, collect, _stats_of, lambda stats: carry(fresh_episodes(stats)), True)
+    return Collector(carry, prime, collect, stats_of, lambda stats: carry(fresh_episodes(stats)), True)

@@ -11,6 +11,7 @@ the same order, the same seeds, each half's actions those of its rows of the who
 """
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -21,11 +22,11 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree
 
 from ..config import PPOConfig
 from ..core._types import Batch, EnvOutput, EpisodeStats
-from ..core.collect import Collector
+from ..core.collect import Collector, no_prime, stats_of
 from ..core.envs import EnvBackend, EnvSpec, HostBackend, HostPool
 from ..core.gae import compute_gae
 from ..core.hyperparameters import AgentHyperparameters, Sizes
-from ..core.iteration import Metrics, episode_metrics, learn, one_device_update
+from ..core.iteration import Metrics, collect, episode_metrics, make_stages
 from ..core.loss import Loss, model_loss
 from ..core.networks import ActorCritic
 from ..core.rollout import RolloutCarry, act, count_step, fresh_episodes
@@ -221,13 +222,10 @@ class HostEnvsPlacement:
         def carry(stats: EpisodeStats) -> RolloutCarry:
             return RolloutCarry(jnp.zeros((), jnp.int32), jax.device_put(loop.first_obs, self.device), stats)
 
-        def prime(model: ActorCritic, carry: Any, key: PRNGKeyArray) -> tuple[Any, PRNGKeyArray]:
-            return carry, key
-
         def restore(stats: EpisodeStats) -> RolloutCarry:
             return carry(fresh_episodes(stats))
 
-        return loop, Collector(carry, prime, loop, _stats_of, restore, True)
+        return loop, Collector(carry, no_prime, loop, stats_of, restore, True)
 
     def place(self, checkpoint: Checkpoint, collector: Collector, hyperparameters: AgentHyperparameters) -> TrainState:
         carry = collector.restore(checkpoint.envs)
@@ -239,33 +237,21 @@ class HostEnvsPlacement:
         if not isinstance(collector.collect, HostLoop):
             raise TypeError("HostEnvsPlacement runs the collectors of its own make_collector")
         learning = self._learn.get((sizes, loss))
-        if learning is None:
-            learning = self._learn[(sizes, loss)] = _LearnPrograms(sizes, loss)
-        return _HostEnvsProgram(collector.collect, learning, self._turns)
+        if learning is None:  # the learning stage holds no envs: every segment's program shares it
+            learning = self._learn[(sizes, loss)] = _LearnPrograms(make_stages(collector, sizes, loss=loss).learn)
+        return _HostEnvsProgram(collector, learning, self._turns)
 
     def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint:
         return Checkpoint(state.model, state.opt_state, state.key, collector.save(state.carry), state.iteration)
 
 
-def _stats_of(carry: RolloutCarry) -> EpisodeStats:
-    return carry.stats
-
-
 class _LearnPrograms:
-    """The update (``core.iteration.learn``) and the episode metrics, as programs of their own."""
+    """The learning stage (``core.iteration.make_stages``) and the episode metrics, as programs of their own."""
 
-    def __init__(self, sizes: Sizes, loss: Loss):
-        update = one_device_update(sizes, loss)
-
-        def learn_stage(
-            hyperparameters: AgentHyperparameters, model: ActorCritic, opt_state: PyTree, batch: Batch, key: Any
-        ) -> tuple[ActorCritic, PyTree, Metrics]:
-            return learn(model, opt_state, batch, hyperparameters, key, update=update)
-
+    def __init__(self, learn_stage: Callable[..., tuple[ActorCritic, PyTree, Metrics]]):
         self.learn = own_jit(learn_stage, donate=(1, 2, 3, 4))
-        self.compiled = False
-        self.keys = own_jit(_split_key)
         self.episode = own_jit(episode_metrics)
+        self.compiled = False
 
 
 class _HostEnvsProgram:
@@ -273,21 +259,24 @@ class _HostEnvsProgram:
 
     length = 1
 
-    def __init__(self, loop: HostLoop, learning: _LearnPrograms, turns: threading.Lock):
-        self.loop, self.learning, self._turns = loop, learning, turns
+    def __init__(self, collector: Collector, learning: _LearnPrograms, turns: threading.Lock):
+        assert isinstance(collector.collect, HostLoop)
+        self.collector, self.loop, self.learning, self._turns = collector, collector.collect, learning, turns
 
     def __call__(self, state: TrainState, count: int = 1) -> tuple[TrainState, Metrics]:
         with self._turns:
             return self._iteration(state)
 
     def _iteration(self, state: TrainState) -> tuple[TrainState, Metrics]:
-        h, carry = state.hyperparameters, state.carry
-        assert isinstance(carry, RolloutCarry)
-        key, rollout_key, update_key = self.learning.keys(state.key)
-        carry, batch = self.loop(state.model, carry, rollout_key, gamma=h.gamma, gae_lambda=h.gae_lambda)
-        episode = self.learning.episode(carry.stats)
-        model, opt_state, learned = self.learning.learn(h, state.model, state.opt_state, batch, update_key)
-        next_state = TrainState(model, opt_state, carry, key, state.iteration + 1, h)
+        # The one iteration's first stage, outside any program: it splits the key, then runs the host loop (the
+        # collector's ``collect``).
+        h = state.hyperparameters
+        collected = collect(state.model, state.carry, state.key, h, collector=self.collector)
+        episode = self.learning.episode(collected.carry.stats)
+        model, opt_state, learned = self.learning.learn(
+            h, state.model, state.opt_state, collected.batch, collected.update_key
+        )
+        next_state = TrainState(model, opt_state, collected.carry, collected.key, state.iteration + 1, h)
         return next_state, {**episode, **learned}
 
     def prime(self, state: TrainState) -> TrainState:
@@ -304,13 +293,6 @@ class _HostEnvsProgram:
     def _compile(self, state: TrainState) -> None:
         h, carry = state.hyperparameters, state.carry
         assert isinstance(carry, RolloutCarry)
-        self.learning.keys.compile(state.key)
         _, batch = self.loop.compile(state.model, carry, state.key, h)
         self.learning.episode.compile(carry.stats)
         self.learning.learn.compile(h, state.model, state.opt_state, batch, state.key)
-
-
-def _split_key(key: PRNGKeyArray) -> tuple[PRNGKeyArray, PRNGKeyArray, PRNGKeyArray]:
-    """The state's key split as ``core.iteration.collect`` splits it: the next key, the rollout's, the update's."""
-    key, rollout_key, update_key = jax.random.split(key, 3)
-    return key, rollout_key, update_key

@@ -116,7 +116,9 @@ def rollout_place(rollout_on: str) -> str:
     "auto" is what ``MEASURED_ROLLOUT`` says of this machine's device, else "device"."""
     if rollout_on != "auto":
         return rollout_on
-    return MEASURED_ROLLOUT.get(jax.devices()[0].device_kind, "device") if MEASURED_ROLLOUT else "device"
+    if not MEASURED_ROLLOUT:  # asks no device: a run checks its placement before it joins its processes' devices
+        return "device"
+    return MEASURED_ROLLOUT.get(jax.devices()[0].device_kind, "device")
 
 
 def check_rollout_place(config: PPOConfig, env_backend: EnvBackend, spec: EnvSpec | None = None) -> None:

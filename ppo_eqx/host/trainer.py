@@ -16,7 +16,7 @@ import concurrent.futures
 import contextlib
 import time
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -35,6 +35,9 @@ from .conv_route import ready, resolve_conv_impl_for
 from .fresh import init_checkpoint
 from .placement import Placement, Program, placement_for
 from .pools import make_collector, pool_env_seeds
+
+if TYPE_CHECKING:
+    from .host_envs import HostLoop
 
 
 class Dispatch(NamedTuple):
@@ -58,7 +61,7 @@ class _Segment(NamedTuple):
     """The envs that play from iteration ``start`` on, their collector and the program compiled for them."""
 
     start: int
-    pool: Pool | AsyncPool | Any
+    pool: "Pool | AsyncPool | HostLoop"
     collector: Collector
     program: Program
 
