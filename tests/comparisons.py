@@ -65,3 +65,17 @@ def final_checkpoint_bytes(run_dir: Path) -> bytes:
     from ppo_eqx.host.checkpoint import list_checkpoints
 
     return list_checkpoints(run_dir)[-1].with_suffix(".eqx").read_bytes()
+
+
+def resumes_in_a_process_as_it_ran(finished: Path, target: Path, at: int) -> None:
+    """Copy the finished run ``finished`` to ``target`` as a run stopped after its checkpoint of iteration ``at``
+    (``run_files.interrupted_copy``), resume it with ``ppo-eqx train --resume`` in a process of its own, and assert
+    that it goes on as the uninterrupted run did: the same metrics rows, the same bytes of the final checkpoint."""
+    from .processes import ppo_eqx, run_child
+    from .run_files import interrupted_copy
+
+    resumed = interrupted_copy(finished, target, at=at)
+    code, out, err = run_child(ppo_eqx("train", "--resume", str(resumed), "--no-progress"))
+    assert code == 0, out + err
+    assert metrics(resumed) == metrics(finished)
+    assert final_checkpoint_bytes(resumed) == final_checkpoint_bytes(finished)

@@ -20,9 +20,10 @@ from ppo_eqx.core.envs import backend
 from ppo_eqx.host.host_envs import HostEnvsPlacement
 from ppo_eqx.host.placement import OneDevice
 
+from .comparisons import resumes_in_a_process_as_it_ran
 from .processes import ppo_eqx as ppo_eqx_args
 from .processes import run_child
-from .run_files import interrupted_copy, metrics_rows, tiny
+from .run_files import tiny
 
 pytestmark = pytest.mark.subprocess
 
@@ -100,16 +101,7 @@ def test_a_host_envs_run_resumes_bit_exact_and_says_where_it_ran(tmp_path: Path)
     assert "rollout: host-envs (envs on the host's CPU, the policy on cpu:0)" in first, first
     hardware = json.loads((finished / "hardware.json").read_text())
     assert hardware["rollout"] == {"on": "host-envs", "policy_device": "cpu:0"}, hardware
-    resumed = interrupted_copy(finished, tmp_path / "resumed", at=2)
-    code, out, err = run_child(ppo_eqx_args("train", "--resume", str(resumed), "--no-progress"))
-    assert code == 0, out + err
-
-    def steady(rows: list[dict]) -> list[dict]:
-        return [{k: v for k, v in row.items() if k not in ("sps", "time_elapsed")} for row in rows]
-
-    assert steady(metrics_rows(resumed)) == steady(metrics_rows(finished))
-    last = "checkpoints/iter_000004.eqx"
-    assert (resumed / last).read_bytes() == (finished / last).read_bytes()
+    resumes_in_a_process_as_it_ran(finished, tmp_path / "resumed", at=2)
 
 
 @pytest.mark.parametrize(

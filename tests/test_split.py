@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from .comparisons import metrics, resumes_in_a_process_as_it_ran
 from .processes import ROOT, ppo_eqx, run_child, worker_env
-from .run_files import BATCH, interrupted_copy, metrics_rows, tiny
+from .run_files import BATCH, tiny
 
 pytestmark = pytest.mark.subprocess
 
@@ -88,16 +89,7 @@ def test_a_host_rollout_resumes_bit_exact_and_says_where_it_ran(cli_run: Path, t
     assert "rollout: host (cpu:0" in first, first
     hardware = json.loads((finished / "hardware.json").read_text())
     assert hardware["rollout"]["on"] == "host" and hardware["rollout"]["learn_device"] == "cpu:0", hardware
-    resumed = interrupted_copy(finished, tmp_path / "resumed", at=2)
-    code, out, err = run_child(ppo_eqx("train", "--resume", str(resumed), "--no-progress"))
-    assert code == 0, out + err
-
-    def steady(rows: list[dict]) -> list[dict]:
-        return [{k: v for k, v in row.items() if k not in ("sps", "time_elapsed")} for row in rows]
-
-    assert steady(metrics_rows(resumed)) == steady(metrics_rows(finished))
-    last = "checkpoints/iter_000004.eqx"
-    assert (resumed / last).read_bytes() == (finished / last).read_bytes()
+    resumes_in_a_process_as_it_ran(finished, tmp_path / "resumed", at=2)
 
 
 def test_env_threads_change_nothing_the_run_computes(tmp_path: Path) -> None:
@@ -107,7 +99,7 @@ def test_env_threads_change_nothing_the_run_computes(tmp_path: Path) -> None:
         run = tmp_path / name
         code, out, err = run_child(ppo_eqx(*tiny(run, 2), *extra))
         assert code == 0, out + err
-        rows.append([{k: v for k, v in row.items() if k not in ("sps", "time_elapsed")} for row in metrics_rows(run)])
+        rows.append(metrics(run))
     assert rows[0] == rows[1] and len(rows[0]) == 2 and rows[0][0]["global_step"] == BATCH
 
 
