@@ -76,3 +76,14 @@ def test_nothing_changes_once_jax_has_a_backend(monkeypatch):
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     assert schedule_small_programs(train_args(*GYMNAX_CARTPOLE)) is None
     assert "XLA_FLAGS" not in environment.os.environ
+
+
+@pytest.mark.envpool
+def test_one_agent_of_a_continuous_envpool_task_gets_the_sequential_scheduler(no_backend):
+    """Its rollout is a host loop (``auto`` is host-envs there): each step's policy is a program of its own."""
+    saved = schedule_small_programs(train_args("--env-id", "HalfCheetah-v4"))
+    assert environment.os.environ["XLA_FLAGS"] == SEQUENTIAL_SCHEDULER
+    restore_xla_flags(saved)
+    for flags in (("--num-seeds", "2"), ("--rollout-on", "device"), ("--env-id", "Breakout-v5"), ("--env-id", "Nope")):
+        assert schedule_small_programs(train_args("--env-id", "HalfCheetah-v4", *flags)) is None, flags
+        assert "XLA_FLAGS" not in environment.os.environ

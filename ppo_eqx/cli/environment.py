@@ -113,8 +113,9 @@ SMALL_PROGRAM_AGENTS = 2
 
 def schedule_small_programs(args: Any) -> str | None:
     """For ``ppo-eqx train`` of one or two agents on a gymnax vector task (its whole run compiled as programs of
-    microsecond ops), add ``SEQUENTIAL_SCHEDULER`` to ``XLA_FLAGS`` before jax makes its backend; returns the
-    ``XLA_FLAGS`` to put back when the command ends (``restore_xla_flags``; None: nothing was changed).
+    microsecond ops), or of one agent on a continuous EnvPool task stepped by a host loop
+    (``_host_loop_of_one_policy``), add ``SEQUENTIAL_SCHEDULER`` to ``XLA_FLAGS`` before jax makes its backend;
+    returns the ``XLA_FLAGS`` to put back when the command ends (``restore_xla_flags``; None: nothing was changed).
 
     XLA:CPU's concurrency-optimised scheduler spreads independent ops (the actor's and the critic's) over the
     threads; for ops this small the hand-offs cost more than they overlap, to the same bits. With more agents, or
@@ -125,13 +126,32 @@ def schedule_small_programs(args: Any) -> str | None:
     flags = os.environ.get("XLA_FLAGS")
     if args.command != "train" or args.resume is not None or _backend_started():
         return None
-    if args.env_backend != "gymnax" or args.env_id not in SMALL_JAX_ENVS:
-        return None
     agents = agents_of(args.sweep or (), args.num_seeds or 1)
-    if agents > SMALL_PROGRAM_AGENTS or "concurrency_optimized_scheduler" in (flags or ""):
+    small = args.env_backend == "gymnax" and args.env_id in SMALL_JAX_ENVS and agents <= SMALL_PROGRAM_AGENTS
+    if not (small or (agents == 1 and _host_loop_of_one_policy(args))):
+        return None
+    if "concurrency_optimized_scheduler" in (flags or ""):
         return None
     os.environ["XLA_FLAGS"] = f"{flags} {SEQUENTIAL_SCHEDULER}" if flags else SEQUENTIAL_SCHEDULER
     return flags or ""
+
+
+def _host_loop_of_one_policy(args: Any) -> bool:
+    """Whether the run is one agent of a continuous EnvPool task whose rollout is a host loop (``--rollout-on
+    host-envs``, which ``auto`` is for such a task where it can run): each step's policy is a program of microsecond
+    ops, half as long scheduled for sequence. The task's spec is looked up here (EnvPool's, no jax backend); a bad
+    env id is left for the run's checks to refuse."""
+    if args.env_backend not in (None, "envpool") or args.rollout_on not in (None, "auto", "host-envs"):
+        return False
+    if args.async_batch_size or args.bootstrap_truncated:
+        return False
+    from ..core.envs import backend
+    from ..errors import ConfigError
+
+    try:
+        return backend("envpool").spec(args.env_id).continuous
+    except (ConfigError, ImportError):
+        return False
 
 
 def restore_xla_flags(flags: str | None) -> None:

@@ -110,12 +110,23 @@ Empty until a machine's measurement is committed: "auto" is "device" everywhere 
 one program was the fastest of the three: bench/results/train_speed_placements.json)."""
 
 
-def rollout_place(rollout_on: str) -> str:
+def rollout_place(config: PPOConfig, env_backend: EnvBackend | None = None, spec: EnvSpec | None = None) -> str:
     """Where ``config.rollout_on`` compiles the rollout on this machine: "device" (the whole iteration one program
     on the default device), "host" (``split.SplitPlacement``) or "host-envs" (``host_envs.HostEnvsPlacement``).
-    "auto" is what ``MEASURED_ROLLOUT`` says of this machine's device, else "device"."""
-    if rollout_on != "auto":
-        return rollout_on
+    "auto" is "host-envs" for the continuous tasks of a backend with a host API (``spec``'s, where known) where
+    host-envs can run the config: each step's call out of the program costs more than the step itself
+    (bench/results/continuous_placements.json). Otherwise what ``MEASURED_ROLLOUT`` says of this machine's
+    device, else "device"."""
+    if config.rollout_on != "auto":
+        return config.rollout_on
+    if spec is not None and spec.continuous and env_backend is not None:
+        from .host_envs import check_host_envs
+
+        try:
+            check_host_envs(config, env_backend, spec)
+            return "host-envs"
+        except ConfigError:
+            pass
     if not MEASURED_ROLLOUT:  # asks no device: a run checks its placement before it joins its processes' devices
         return "device"
     return MEASURED_ROLLOUT.get(jax.devices()[0].device_kind, "device")
@@ -124,7 +135,7 @@ def rollout_place(rollout_on: str) -> str:
 def check_rollout_place(config: PPOConfig, env_backend: EnvBackend, spec: EnvSpec | None = None) -> None:
     """ConfigError where ``config.rollout_on`` would step on the host's CPU envs that run inside the program, or
     ask of ``env_backend`` (and the env of ``spec``, where known) what its placement cannot do."""
-    place, rollout_on = rollout_place(config.rollout_on), config.rollout_on
+    place, rollout_on = rollout_place(config, env_backend, spec), config.rollout_on
     if place != "device" and env_backend.state_is_data:
         raise ConfigError(
             f"rollout_on={rollout_on!r} steps host envs (EnvPool, ALE) on the host's CPU, and {env_backend.name}'s "
@@ -140,7 +151,7 @@ def placement_for(config: PPOConfig, spec: EnvSpec, env_backend: EnvBackend) -> 
     """The placement ``config.rollout_on`` asks for here: ``OneDevice``; the rollout on the host's CPU and the
     learning on the default device (``SplitPlacement``, its rollout's convolutions on the CPU's route); or the envs
     stepped from a host loop and the rest on the default device (``HostEnvsPlacement``)."""
-    place = rollout_place(config.rollout_on)
+    place = rollout_place(config, env_backend, spec)
     if place == "device":
         return OneDevice()
     check_rollout_place(config, env_backend, spec)

@@ -99,12 +99,23 @@ def _continuous_spec(env_id: str, space: Any, observation_space: Any) -> EnvSpec
     return EnvSpec(env_id, shape, np.dtype(np.float32), int(low.size), "vector", None, bounds)
 
 
-def _host_step(pool: Any, spec: EnvSpec) -> Callable[[Any, Array], tuple[Any, EnvOutput]]:
-    """A step of a continuous pool as a call out of the program to EnvPool's host API, in order: the actions
-    clipped to the bounds (CleanRL's ``ClipAction``) and handed over as float64, the observations back as float32.
-    No XLA buffer of EnvPool's is made, so no float64 can be written into a float32 one."""
+def _box_actions(spec: EnvSpec) -> Callable[[Any], np.ndarray]:
+    """A continuous task's actions as its pool takes them: clipped to the bounds (CleanRL's ``ClipAction``), float64."""
     assert spec.action_bounds is not None
     low, high = (np.asarray(b, np.float64) for b in spec.action_bounds)
+    return lambda actions: np.clip(np.asarray(actions, np.float64), low, high)  # a jax.Array or a NumPy array
+
+
+def _box_step(timestep: tuple[Any, ...]) -> tuple[np.ndarray, ...]:
+    """A continuous pool's step as the program takes it: observations and rewards float32, terminated and truncated
+    bools."""
+    obs, reward, terminated, truncated, _ = timestep
+    return obs.astype(np.float32), reward.astype(np.float32), terminated.astype(bool), truncated.astype(bool)
+
+
+def _host_step(pool: Any, spec: EnvSpec) -> Callable[[Any, Array], tuple[Any, EnvOutput]]:
+    """A step of a continuous pool as a call out of the program to EnvPool's host API, in order (``_box_actions``,
+    ``_box_step``). No XLA buffer of EnvPool's is made, so no float64 can be written into a float32 one."""
     num_envs = pool.config["num_envs"]
     shapes = (
         jax.ShapeDtypeStruct((num_envs, *spec.obs_shape), jnp.float32),
@@ -112,10 +123,10 @@ def _host_step(pool: Any, spec: EnvSpec) -> Callable[[Any, Array], tuple[Any, En
         jax.ShapeDtypeStruct((num_envs,), jnp.bool_),
         jax.ShapeDtypeStruct((num_envs,), jnp.bool_),
     )
+    actions_of = _box_actions(spec)
 
-    def on_host(actions: Any) -> tuple[np.ndarray, ...]:  # jax may hand a jax.Array or a NumPy array
-        obs, reward, terminated, truncated, _ = pool.step(np.clip(np.asarray(actions, np.float64), low, high))
-        return obs.astype(np.float32), reward.astype(np.float32), terminated.astype(bool), truncated.astype(bool)
+    def on_host(actions: Any) -> tuple[np.ndarray, ...]:
+        return _box_step(pool.step(actions_of(actions)))
 
     def step(handle: Any, actions: Array) -> tuple[Any, EnvOutput]:
         obs, reward, terminated, truncated = io_callback(on_host, shapes, actions, ordered=True)
@@ -157,21 +168,23 @@ class EnvPoolBackend:
         return Pool(spec, jnp.asarray(handle), step, first_obs, pool.close, lambda i: pool.render(env_ids=i)[0])
 
     def make_host(self, env_id: str, seeds: Sequence[int], *, threads: EnvThreads = BACKEND_THREADS) -> HostPool:
-        """The envs of ``make``, stepped from the host through EnvPool's host API (``send``, then ``recv``)."""
+        """The envs of ``make``, stepped from the host through EnvPool's host API (``send``, then ``recv``); a
+        continuous task's actions clipped and made float64 on the way in, its observations float32 on the way out."""
         spec = _spec(env_id)
-        if spec.continuous:
-            raise ConfigError(f"{env_id} has continuous actions, which its pool steps inside the program; allowed: "
-                              "rollout_on='device' or 'auto'")  # fmt: skip
         pool = _make(env_id, seeds, threads)
         atari = spec.kind == "frames"
         with _quiet_gymnasium():
             first_obs, _ = pool.reset()
+        actions_of: Callable[[np.ndarray], np.ndarray] = _box_actions(spec) if spec.continuous else np.asarray
+        if spec.continuous:
+            first_obs = first_obs.astype(np.float32)
 
         def send(actions: np.ndarray) -> None:
-            pool.send(actions)
+            pool.send(actions_of(actions))
 
         def recv() -> EnvOutput:
-            return _env_output(pool.recv(), atari, np)
+            timestep = pool.recv()
+            return _env_output((*_box_step(timestep), {}) if spec.continuous else timestep, atari, np)
 
         return HostPool(spec, first_obs, send, recv, pool.close)
 

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float
 
 from ...errors import ConfigError
 from .._types import EnvOutput
@@ -87,6 +87,61 @@ def updated_blocks(moments: Moments, batch: Float[Array, "N ..."], blocks: int) 
     return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), joined)
 
 
+def observed(
+    moments: Moments, obs: Float[Array, "N D"], *, learn: bool = True, blocks: int = 1
+) -> tuple[Moments, Float[Array, "N D"]]:
+    """One step's observations added to ``moments`` (where ``learn``; each of ``blocks`` blocks of envs on its
+    own), then scaled by them and clipped."""
+    if learn:
+        moments = updated_blocks(moments, obs, blocks)
+    return moments, _scaled_obs(moments, obs)
+
+
+def scaled_rewards(
+    moments: Moments,
+    discounted: Float[Array, " N"],
+    reward: Float[Array, " N"],
+    terminated: Bool[Array, " N"],
+    *,
+    gamma: float,
+    learn: bool = True,
+    blocks: int = 1,
+) -> tuple[Moments, Float[Array, " N"], Float[Array, " N"]]:
+    """One step's rewards added to each env's discounted return (restarted after a terminal state), the returns
+    added to ``moments`` (where ``learn``), and the rewards divided by their standard deviation and clipped."""
+    discounted = discounted * gamma * (1.0 - terminated.astype(jnp.float32)) + reward
+    if learn:
+        moments = updated_blocks(moments, discounted, blocks)
+    return moments, discounted, jnp.clip(reward / jnp.sqrt(moments.var + EPSILON), -CLIP, CLIP)
+
+
+def start_statistics(
+    first_obs: Any,
+    *,
+    obs: bool = True,
+    num_agents: int = 1,
+    frozen: NormalizedHandle | None = None,
+    start: NormalizedHandle | None = None,
+) -> tuple[NormalizedHandle, Array]:
+    """The statistics a pool of new envs starts with (its handle, with a placeholder for the inner one) and its
+    first observations, scaled where ``obs``: fresh ones that count those observations, ``frozen``'s env 0's, or
+    ``start``'s going on (see ``normalize_pool``)."""
+    first = jnp.asarray(first_obs, jnp.float32)
+    num_envs = first.shape[0]
+    obs_moments, returns_moments = fresh_moments(num_envs, first.shape[1:]), fresh_moments(num_envs, ())
+    if frozen is not None:
+        obs_moments, returns_moments = _copied(frozen.obs, num_envs), _copied(frozen.returns, num_envs)
+    elif start is not None:
+        obs_moments, returns_moments = start.obs, start.returns
+    placeholder = jnp.zeros((), jnp.int32)
+    handle = NormalizedHandle(placeholder, obs_moments, returns_moments, jnp.zeros((num_envs,), jnp.float32))
+    if not obs:
+        return handle, first
+    learn = frozen is None and start is None
+    obs_moments, scaled = observed(obs_moments, first, learn=learn, blocks=num_agents)
+    return handle._replace(obs=obs_moments), scaled
+
+
 def normalize_pool(
     pool: Pool,
     *,
@@ -105,17 +160,8 @@ def normalize_pool(
     statistics of its env 0, never updated; with ``start`` (a checkpoint's), the statistics go on from its (the
     first observations of these new envs are not added: a run's envs are made again at every checkpoint, and a
     resumed run must count what the uninterrupted one counts)."""
-    num_envs = pool.first_obs.shape[0]
-    first = jnp.asarray(pool.first_obs, jnp.float32)
-    obs_moments, returns_moments = fresh_moments(num_envs, first.shape[1:]), fresh_moments(num_envs, ())
-    if frozen is not None:
-        obs_moments, returns_moments = _copied(frozen.obs, num_envs), _copied(frozen.returns, num_envs)
-    elif start is not None:
-        obs_moments, returns_moments = start.obs, start.returns
-    if obs and frozen is None and start is None:
-        obs_moments = updated_blocks(obs_moments, first, num_agents)
-    handle = NormalizedHandle(pool.handle, obs_moments, returns_moments, jnp.zeros((num_envs,), jnp.float32))
-    first_obs = _scaled_obs(obs_moments, first) if obs else first
+    handle, first_obs = start_statistics(pool.first_obs, obs=obs, num_agents=num_agents, frozen=frozen, start=start)
+    handle = handle._replace(inner=pool.handle)
     learn, blocks = frozen is None, num_agents if shared else 1
 
     def step(handle: NormalizedHandle, actions: Array) -> tuple[NormalizedHandle, EnvOutput]:
@@ -123,15 +169,13 @@ def normalize_pool(
         obs_moments, returns_moments, discounted = handle.obs, handle.returns, handle.discounted
         new_obs, final_obs, rewards = out.obs, out.final_obs, out.reward
         if obs:
-            if learn:
-                obs_moments = updated_blocks(obs_moments, out.obs, blocks)
-            new_obs, final_obs = _scaled_obs(obs_moments, out.obs), _scaled_obs(obs_moments, out.final_obs)
+            obs_moments, new_obs = observed(obs_moments, out.obs, learn=learn, blocks=blocks)
+            final_obs = _scaled_obs(obs_moments, out.final_obs)
         if reward:
             terminated = out.done & ~out.truncated
-            discounted = discounted * gamma * (1.0 - terminated.astype(jnp.float32)) + out.reward
-            if learn:
-                returns_moments = updated_blocks(returns_moments, discounted, blocks)
-            rewards = jnp.clip(out.reward / jnp.sqrt(returns_moments.var + EPSILON), -CLIP, CLIP)
+            returns_moments, discounted, rewards = scaled_rewards(
+                returns_moments, discounted, out.reward, terminated, gamma=gamma, learn=learn, blocks=blocks
+            )
         out = out._replace(obs=new_obs, final_obs=final_obs, reward=rewards)
         return NormalizedHandle(inner, obs_moments, returns_moments, discounted), out
 
