@@ -254,8 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "eval":
             _refuse_early_output(args)
         probe = XlaFlagsProbe()  # while the command imports jax
+        import_jax()  # checks what jax reads at import; makes no backend yet
         saved_flags = schedule_small_programs(args)  # after the probe: it adds a flag XLA is known to take
-        import_jax()
         if args.command == "train":
             from .train_command import train_command
 
