@@ -160,3 +160,33 @@ def test_auto_steps_a_continuous_envpool_task_from_the_host_where_it_can() -> No
         assert isinstance(placement_for(other, spec, envpool), OneDevice)
     breakout = ppo_eqx.PPOConfig.for_task("Breakout-v5")
     assert isinstance(placement_for(breakout, envpool.spec("Breakout-v5"), envpool), OneDevice)
+
+
+@pytest.mark.envpool
+@pytest.mark.parametrize(("env_id", "atari"), [("HalfCheetah-v4", False), ("Breakout-v5", True)])
+def test_envpools_c_calls_step_as_its_public_api(env_id: str, atari: bool) -> None:
+    """``make_host`` calls EnvPool's C++ ``send``/``recv`` without its Python wrapper: the same arrays out, step for
+    step, as the wrapper's ``send`` and ``recv`` on a twin pool (terminated, truncated and Atari's infos too)."""
+    from ppo_eqx.core.envs import BACKEND_THREADS
+    from ppo_eqx.core.envs.envpool import _make, _raw_calls
+
+    public, twin = _make(env_id, [3, 4], BACKEND_THREADS), _make(env_id, [3, 4], BACKEND_THREADS)
+    try:
+        public.reset()
+        twin.reset()
+        raw = _raw_calls(twin, atari)
+        assert raw is not None  # EnvPool's private names as this version has them
+        send, recv = raw
+        rng = np.random.default_rng(0)
+        for _ in range(200):
+            actions = rng.integers(0, 4, 2).astype(np.int32) if atari else rng.uniform(-1, 1, (2, 6))
+            public.send(actions)
+            send(actions)
+            want, got = public.recv(), recv()
+            for a, b in zip(want[:4], got[:4], strict=True):
+                assert np.array_equal(a, b)
+            for name in ("terminated", "reward") if atari else ():
+                assert np.array_equal(want[4][name], got[4][name]), name
+    finally:
+        public.close()
+        twin.close()
