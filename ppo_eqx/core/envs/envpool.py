@@ -150,6 +150,8 @@ def _raw_calls(pool: Any, atari: bool) -> tuple[Callable[[np.ndarray], None], Ca
     if action_keys != ["env_id", "players.env_id", "action"] or players != 1 or not set(needed) <= set(state_keys):
         return None
     obs, reward, done, trunc, *info = (state_keys.index(k) for k in needed)
+    # A task whose state says ``terminated`` (EnvPool 1.2.7 reads it: a terminal state on a time limit's step too).
+    terminal = state_keys.index("terminated") if "terminated" in state_keys else None
     env_ids = np.arange(pool.config["num_envs"], dtype=np.int32)
 
     def send(actions: np.ndarray) -> None:
@@ -157,7 +159,7 @@ def _raw_calls(pool: Any, atari: bool) -> tuple[Callable[[np.ndarray], None], Ca
 
     def recv() -> tuple:
         state = c_recv()
-        ended = state[done] & ~state[trunc]
+        ended = state[done] & ~state[trunc] if terminal is None else state[terminal]
         infos = {"terminated": state[info[0]], "reward": state[info[1]]} if atari else {}
         return state[obs], state[reward], ended, state[trunc], infos
 
