@@ -137,21 +137,25 @@ def schedule_small_programs(args: Any) -> str | None:
 
 
 def _host_loop_of_one_policy(args: Any) -> bool:
-    """Whether the run is one agent of a continuous EnvPool task whose rollout is a host loop (``--rollout-on
-    host-envs``, which ``auto`` is for such a task where it can run): each step's policy is a program of microsecond
-    ops, half as long scheduled for sequence. The task's spec is looked up here (EnvPool's, no jax backend); a bad
-    env id is left for the run's checks to refuse."""
-    if args.env_backend not in (None, "envpool") or args.rollout_on not in (None, "auto", "host-envs"):
-        return False
-    if args.async_batch_size or args.bootstrap_truncated:
-        return False
+    """Whether the run is of a continuous task whose rollout is a host loop (``--rollout-on host-envs``, which
+    ``auto`` is for such a task where it can run): each step's policy is a program of microsecond ops, half as long
+    scheduled for sequence. Asked of host-envs' own check (``check_host_envs``) on the run's config and task, looked
+    up here without a jax backend; a bad flag or env id is left for the run's checks to refuse."""
     from ..core.envs import backend
     from ..errors import ConfigError
+    from ..host.host_envs import check_host_envs
+    from .plan import config_from_args
 
     try:
-        return backend("envpool").spec(args.env_id).continuous
-    except (ConfigError, ImportError):
+        config = config_from_args(args)
+        env_backend = backend(config.env_backend)
+        spec = env_backend.spec(config.env_id)
+        if config.rollout_on not in ("auto", "host-envs") or not spec.continuous:
+            return False
+        check_host_envs(config, env_backend, spec)
+    except (ConfigError, UsageError, ImportError):
         return False
+    return True
 
 
 def restore_xla_flags(flags: str | None) -> None:
