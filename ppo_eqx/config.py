@@ -20,6 +20,7 @@ from .sweeps import normal_sweep, setting_label
 from .validation import check_field, check_sweep
 
 if TYPE_CHECKING:  # the array face imports jax: config.py stays jax-free for the command line's parser
+    from .core.envs import EnvBackend, EnvSpec
     from .core.hyperparameters import AgentHyperparameters
 
 ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
@@ -280,6 +281,12 @@ class PPOConfig(Hyperparameters):
         ``env_id`` the env's name, and the object is passed again to ``Trainer(config, env=env)`` and ``evaluate``.
         Imports jax and the backend (the backend says the task's kind of observation).
         """
+        return cls.task(env, env_backend, **values)[0]
+
+    @classmethod
+    def task(cls, env: Any, env_backend: str | None = None, **values: Any) -> "tuple[PPOConfig, EnvBackend, EnvSpec]":
+        """``for_task``'s config, with the env backend and the env's spec that it was resolved with (each looked up
+        once: the command line's plan carries them)."""
         from .core.envs import backend  # jax: the command line's parsing starts without it
         from .core.envs.jax_env import as_jax_env
 
@@ -297,7 +304,7 @@ class PPOConfig(Hyperparameters):
             task = {"env_id": chosen.env_id, "env_backend": "jax"}
         spec = chosen.spec(task["env_id"])
         preset = preset_for(spec.kind, state_is_data=chosen.state_is_data, continuous=spec.continuous)
-        return cls.from_dict({**preset, **values, **task})
+        return cls.from_dict({**preset, **values, **task}), chosen, spec
 
     def validate(self) -> "PPOConfig":
         """Return self, or raise ConfigError naming the first impossible setting, its value and what is allowed.

@@ -141,15 +141,12 @@ def _host_loop_of_one_policy(args: Any) -> bool:
     ``auto`` is for such a task where it can run): each step's policy is a program of microsecond ops, half as long
     scheduled for sequence. Asked of host-envs' own check (``check_host_envs``) on the run's config and task, looked
     up here without a jax backend; a bad flag or env id is left for the run's checks to refuse."""
-    from ..core.envs import backend
     from ..errors import ConfigError
     from ..host.host_envs import check_host_envs
     from .plan import config_from_args
 
     try:
-        config = config_from_args(args)
-        env_backend = backend(config.env_backend)
-        spec = env_backend.spec(config.env_id)
+        config, env_backend, spec = config_from_args(args)
         if config.rollout_on not in ("auto", "host-envs") or not spec.continuous:
             return False
         check_host_envs(config, env_backend, spec)

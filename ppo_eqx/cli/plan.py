@@ -57,21 +57,21 @@ class Plan(NamedTuple):
         return agent_dirs(self.run_dir, self.config.agent_names())
 
 
-def config_from_args(args: argparse.Namespace) -> PPOConfig:
-    """Explicit flags, else the task's preset, else PPOConfig's (CleanRL's) defaults; validated."""
+def config_from_args(args: argparse.Namespace) -> tuple[PPOConfig, EnvBackend, EnvSpec]:
+    """Explicit flags, else the task's preset, else PPOConfig's (CleanRL's) defaults; validated, with the env backend
+    and the env's spec it was resolved with (``PPOConfig.task``)."""
     values = {name: value for name, value in vars(args).items() if name in _TASK_FIELDS and value is not None}
     for name, _ in values.get("sweep", ()):
         if getattr(args, name, None) is not None:
             raise UsageError(f"{flag(name)} and --sweep {flag(name)[2:]}=... both set {name}; drop one")
     env_id = PPOConfig.env_id if args.env_id is None else args.env_id
-    config = PPOConfig.for_task(env_id, args.env_backend, **values)  # None: by the id (for_task)
-    env_backend = backend(config.env_backend)
+    config, env_backend, spec = PPOConfig.task(env_id, args.env_backend, **values)  # None: by the id (for_task)
     if config.async_batch_size and not env_backend.has_async:
         raise ConfigError(
             f"async_batch_size={config.async_batch_size} is not possible with --env-backend {env_backend.name}; "
             "allowed: 0"
         )
-    return config
+    return config, env_backend, spec
 
 
 _CONFIG_FIELDS = frozenset(PPOConfig.__dataclass_fields__)
@@ -81,12 +81,10 @@ _TASK_FIELDS = _CONFIG_FIELDS - {"env_id", "env_backend"}
 def plan_new(args: argparse.Namespace, environment: dict[str, str | None]) -> Plan:
     """The checked plan of a new run: its config and env (nothing is written; the run directory is checked by
     the process that writes it, ``host.ownership.check_run_dirs``)."""
-    config = config_from_args(args)
+    config, chosen, spec = config_from_args(args)
     if args.track and config.num_agents > 1:
         raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds} and --sweep")
     run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
-    chosen = backend(config.env_backend)
-    spec = chosen.spec(config.env_id)
     check_normalizable(config.normalize_obs, config.normalize_reward, spec, config.async_batch_size)
     check_rollout_place(config, chosen, spec)
     return Plan(config, run_dir, chosen, spec, environment, loss=loss_named(config.loss))
