@@ -20,7 +20,7 @@ from ..errors import RunDirError, RunError, UsageError
 from ..host.checkpoint import load_checkpoint
 from ..host.hardware import hardware_info
 from ..host.lock import RunLock, refuse_if_held
-from ..host.mesh import MeshPlacement, any_process, check_mesh_config
+from ..host.mesh import MeshPlacement, any_process
 from ..host.ownership import check_resumed_dirs, check_run_dirs, free_name, take_new_run
 from ..host.placement import placement_for, rollout_record
 from ..host.resume import read_run_again
@@ -122,9 +122,10 @@ def _on_these_devices(plan: Plan, mesh: Mesh | None) -> tuple[Plan, ConvRoute]:
     config = plan.config
     check_memory(config, plan.spec, devices=1 if mesh is None else mesh.size)
     route = conv_route(config, plan.spec)
-    if mesh is not None:
-        check_mesh_config(config, mesh, plan.backend)
-    placement = MeshPlacement(config, mesh) if mesh is not None else placement_for(config, plan.spec, plan.backend)
+    if mesh is None:
+        placement = placement_for(config, plan.spec, plan.backend)
+    else:  # checks the mesh's limits (check_mesh_config)
+        placement = MeshPlacement(config, mesh, plan.backend)
     hardware = hardware_info(route)  # with the route the convolutions take here
     hardware["environment"] = plan.environment
     hardware["rollout"] = rollout_record(placement)

@@ -16,7 +16,7 @@ from jaxtyping import Array, PRNGKeyArray, PyTree, Shaped
 from ..config import PPOConfig
 from ..core._types import Batch, EpisodeStats
 from ..core.collect import Collector
-from ..core.envs import EnvBackend, backend
+from ..core.envs import EnvBackend
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Collected, Metrics, collect, compose, learn
 from ..core.loss import Loss, model_loss
@@ -49,8 +49,9 @@ def any_process(flag: bool) -> bool:
 
 
 def check_mesh_config(config: PPOConfig, mesh: Mesh, env_backend: EnvBackend) -> None:
-    """Raise ConfigError unless ``config`` can train on ``mesh`` with its envs from ``env_backend`` (``MeshPlacement``'s
-    checks; the command line runs them, with the backend its plan resolved, before anything is written)."""
+    """Raise ConfigError unless ``config`` can train on ``mesh`` with its envs from ``env_backend`` (``MeshPlacement``
+    checks it as it is made: the command line makes it, with the backend its plan resolved, before anything is
+    written)."""
     num_devices = mesh.size
     if config.num_seeds != 1:
         raise ConfigError(f"num_seeds={config.num_seeds} cannot train on a mesh of {num_devices} devices; allowed: 1")
@@ -100,8 +101,8 @@ class MeshPlacement:
     the one-process run's checkpoint, the same in every process (write it from one).
     """
 
-    def __init__(self, config: PPOConfig, mesh: Mesh):
-        check_mesh_config(config, mesh, backend(config.env_backend))
+    def __init__(self, config: PPOConfig, mesh: Mesh, env_backend: EnvBackend):
+        check_mesh_config(config, mesh, env_backend)
         processes = jax.process_count()
         order = [d.process_index for d in mesh.devices.flat]
         positions = [i for i, p in enumerate(order) if p == jax.process_index()]
