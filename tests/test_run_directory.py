@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ppo_eqx.errors import RunDirError
+from ppo_eqx.host.manifest import check_contents, refuse_strangers, strangers
 from ppo_eqx.host.run_directory import RunDirectory
 
 from .processes import Child, ppo_eqx, run_child
@@ -67,6 +68,42 @@ def test_it_deletes_only_what_it_listed(tmp_path):
         directory.write("config.json", b"{}")
         assert directory.delete("config.json")
     assert sorted(os.listdir(tmp_path)) == [MANIFEST, "summary.json"]
+
+
+@pytest.mark.unit
+def test_what_a_directory_holds_beside_its_run_is_found_in_one_pass(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    run = tmp_path / "run"
+    with RunDirectory.at(run) as directory:
+        directory.write("config.json", b"{}")
+        directory.make_dir("checkpoints")
+        directory.write("checkpoints/iter_000001.json", b"{}")
+    (run / "summary.json").write_text("a user's")  # a look-alike
+    (run / "notes.txt").write_text("a user's")  # no name of a run's: not a stranger
+    (run / "checkpoints" / "iter_000002.eqx").write_bytes(b"a user's")  # a look-alike inside checkpoints/
+    (run / "metrics.jsonl").symlink_to(outside / "mine.txt")  # a link, and a look-alike
+    (run / ".eval.json.tmp").write_text("")  # the temporary of a look-alike
+    found = strangers(run)
+    assert found.look_alikes == [".eval.json.tmp", "checkpoints/iter_000002.eqx", "metrics.jsonl", "summary.json"]
+    assert found.links == ["metrics.jsonl"]
+    with pytest.raises(RunDirError, match="holds .*summary.json: named as a run's files"):
+        check_contents(run, [], overwrite=True)
+    for name in ("summary.json", ".eval.json.tmp", "checkpoints/iter_000002.eqx"):
+        (run / name).unlink()
+    with pytest.raises(RunDirError, match="holds metrics.jsonl: named as a run's files"):
+        check_contents(run, [], overwrite=True)  # the link is a look-alike too: named so first
+    with pytest.raises(RunDirError, match="metrics.jsonl is a symbolic link"):
+        refuse_strangers(run, run, links_only=True)  # as a resumed run's directory is checked
+    (run / "metrics.jsonl").unlink()
+    assert strangers(run) == ([], [])
+    with pytest.raises(RunDirError, match="already holds a run"):
+        check_contents(run, [], overwrite=False)
+    assert check_contents(run, [], overwrite=True) == [
+        ("file", "config.json"),
+        ("dir", "checkpoints"),
+        ("file", "checkpoints/iter_000001.json"),
+    ]
 
 
 @pytest.mark.unit

@@ -17,8 +17,8 @@ from typing import Any, NoReturn
 from ..config import FIELD_CHOICES, FIELD_TYPES, INT32_MAX, PPOConfig, flag
 from ..errors import ConfigError, RunDirError, RunError, UsageError
 from ..host.lock import refuse_if_held
-from ..host.manifest import read_manifest
-from ..host.ownership import check_output, path_problem, refuse_look_alikes
+from ..host.manifest import read_manifest, refuse_strangers
+from ..host.ownership import check_output, path_problem
 from ..host.rundir import CHECKPOINT_DIR
 from ..sweeps import NOT_SWEEPABLE, SWEEPABLE
 from ..validation import IMPORTABLE
@@ -229,7 +229,7 @@ def _refuse_early(args: argparse.Namespace) -> None:
     if args.resume is not None and args.resume.is_dir():
         read_manifest(args.resume)
     elif args.run_dir is not None and args.run_dir.is_dir():
-        refuse_look_alikes(args.run_dir, args.run_dir)
+        refuse_strangers(args.run_dir, args.run_dir)
         read_manifest(args.run_dir)
 
 

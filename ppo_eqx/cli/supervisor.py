@@ -25,11 +25,12 @@ from ..errors import NonFiniteError, RunDirError, RunError
 from ..host.checkpoint import save_checkpoint
 from ..host.conv_route import auto_note
 from ..host.loop import run_agents
+from ..host.manifest import never_trained
 from ..host.mesh import any_process
-from ..host.ownership import never_trained
 from ..host.placement import Placement
+from ..host.resume import checked_metrics
 from ..host.run_directory import RunDirectory
-from ..host.rundir import METRICS, SUMMARY, checked_metrics
+from ..host.rundir import METRICS, SUMMARY
 from ..host.trainer import Trainer
 from .interrupts import EARLY, SIGNALS, exit_status, say
 from .plan import Plan

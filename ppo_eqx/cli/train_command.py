@@ -9,6 +9,7 @@ more than the parser needs.
 """
 
 import argparse
+import os
 from pathlib import Path
 
 import jax
@@ -20,8 +21,9 @@ from ..errors import RunDirError, RunError, UsageError
 from ..host.checkpoint import load_checkpoint
 from ..host.hardware import hardware_info
 from ..host.lock import RunLock, refuse_if_held
+from ..host.manifest import check_resumed_dirs
 from ..host.mesh import MeshPlacement, any_process
-from ..host.ownership import check_resumed_dirs, check_run_dirs, free_name, take_new_run
+from ..host.ownership import check_run_dirs, free_name, take_new_run
 from ..host.placement import placement_for, rollout_record
 from ..host.resume import read_run_again
 from ..host.run_directory import RunDirectory
@@ -149,8 +151,13 @@ def _take(
                 plan, lock, directory = _take_new(plan, args)
             else:
                 lock = lock or RunLock.take(plan.run_dir, "ppo-eqx train --resume")
-                check_resumed_dirs(plan.run_dir, _agent_dirs(plan))
-                directory = RunDirectory(plan.run_dir, lock.directory_fd())
+                fd = lock.directory_fd()
+                try:
+                    check_resumed_dirs(plan.run_dir, _agent_dirs(plan))
+                except RunDirError:
+                    os.close(fd)
+                    raise
+                directory = RunDirectory(plan.run_dir, fd)
         except RunDirError as error:
             refused = error
     if any_process(refused is not None):

@@ -13,7 +13,9 @@ import hashlib
 import io
 import json
 import math
+import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -29,7 +31,7 @@ from ..core.state import Checkpoint
 from ..errors import CheckpointError, ConfigError, show_value
 from .fresh import init_checkpoint
 from .run_directory import RunDirectory, json_bytes
-from .rundir import CHECKPOINT_DIR, CONFIG, read_bounded
+from .rundir import CHECKPOINT_DIR, CONFIG
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"iter_(\d{6,})\.json")
@@ -42,6 +44,30 @@ class CheckpointFile(NamedTuple):
     path: Path
     metadata: dict[str, Any]
     arrays: bytes
+
+
+def read_bounded(path: Path, limit: int, error: type[Exception], name: str) -> bytes:
+    """The bytes of the file ``path`` as untrusted input: at most ``limit`` of them plus one (so that a longer file
+    shows as longer: the caller compares), never through a link at its end or from a FIFO; ``error`` naming
+    ``name`` for anything else than a missing file (FileNotFoundError)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise
+    except OSError as problem:
+        raise error(f"cannot read {name}: {problem.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise error(f"cannot read {name}: it is not a regular file")
+        chunks, left = [], limit + 1
+        while left and (chunk := os.read(fd, min(left, 2**24))):
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as problem:
+        raise error(f"cannot read {name}: {problem.strerror}") from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def checkpoint_name(iteration: int) -> str:

@@ -1,12 +1,12 @@
 """Which paths a command of ppo-eqx may write, and taking a directory for a run: a new run's path
-(``check_new_run_dir``) and an evaluation's output (``check_output``), neither inside another run's own files; what
-is in a directory before a run writes it (``look_alikes``), ``--overwrite`` (``clear_run``: deletes exactly what the
-old run's manifest lists, nothing a user put beside it), and the new run's directory made, locked, checked under
-the lock and cleared (``take_new_run``). No jax here: files only (refused with ``errors.RunDirError``).
+(``check_new_run_dir``) and an evaluation's output (``check_output``), neither inside another run's own files;
+``--overwrite`` (``clear_run``: deletes exactly what the old run's manifest lists, nothing a user put beside it); and
+the new run's directory made, locked, checked again under the lock and cleared (``take_new_run``). No jax here:
+files only (refused with ``errors.RunDirError``).
 
-The lock is ``lock.py``'s, the manifest's grammar ``manifest.py``'s, and every write and delete goes through the
-directory's one owner, ``run_directory.RunDirectory``. A directory that an earlier ppo-eqx wrote without a manifest
-is no run of this one's: it is refused as any directory holding files named like a run's.
+The lock is ``lock.py``'s; the manifest, and what a directory holds beside what its run wrote
+(``check_contents``), ``manifest.py``'s; every write and delete goes through the directory's one owner,
+``run_directory.RunDirectory``.
 """
 
 import contextlib
@@ -20,39 +20,10 @@ from typing import NamedTuple
 
 from ..errors import RunDirError
 from .lock import RunLock
-from .manifest import Kind, read_manifest
+from .manifest import check_contents, holds_run, never_trained, written_name
 from .run_directory import RunDirectory
-from .rundir import (
-    BOOKKEEPING,
-    CHECKPOINT_DIR,
-    EVAL,
-    MANIFEST,
-    METRICS,
-    SEEDS_CONFIG,
-    written_checkpoint_name,
-    written_name,
-)
+from .rundir import BOOKKEEPING, EVAL, MANIFEST, SEEDS_CONFIG
 from .rundir import agent_dirs as agent_dirs_of
-from .rundir import holds_run as looks_like_a_run
-
-Entries = list[tuple[Kind, str]]
-"""A manifest's entries (``manifest.read_manifest``)."""
-
-
-def owned_entries(run_dir: Path) -> Entries:
-    """The run's entries: its manifest's, or none."""
-    return read_manifest(run_dir) or []
-
-
-def owned_agents(run_dir: Path) -> set[Path]:
-    """The agents' directories of the run in ``run_dir`` (from its manifest)."""
-    return {run_dir / relative for kind, relative in owned_entries(run_dir) if kind == "run"}
-
-
-def has_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds a run of ppo-eqx's: its manifest lists something (``rundir.holds_run`` says only
-    whether it looks like one)."""
-    return run_dir.is_dir() and bool(owned_entries(run_dir))
 
 
 def is_eval_result(path: Path) -> bool:
@@ -62,68 +33,6 @@ def is_eval_result(path: Path) -> bool:
         return is_eval_result_bytes(path.read_bytes())
     except OSError:
         return False
-
-
-# --- what is in a directory before a run writes it ----------------------------------------------------------------
-
-
-def _plain(name: str) -> str:
-    """``name``, or the name whose temporary it is (``.NAME.tmp``)."""
-    return name[1:-4] if name.startswith(".") and name.endswith(".tmp") and len(name) > 5 else name
-
-
-def look_alikes(run_dir: Path, entries: Entries | None = None) -> list[str]:
-    """What ``run_dir`` holds under a name that a run writes, without the run there having written it: every such
-    name when no run of ppo-eqx's is there, else those its manifest (``entries``, read here if not given) does not
-    list (relative paths, directories with a trailing ``/``). A new run would write over them, or ``--overwrite``
-    take them for the run's."""
-    if not run_dir.is_dir():
-        return []
-    listed = {relative for _, relative in (owned_entries(run_dir) if entries is None else entries)}
-    found = []
-    for path in sorted(run_dir.iterdir()):
-        name = path.name
-        if name in BOOKKEEPING or not written_name(name):
-            continue
-        if name not in listed and _plain(name) not in listed:
-            found.append(f"{name}/" if path.is_dir() and not path.is_symlink() else name)
-        elif name == CHECKPOINT_DIR and path.is_dir() and not path.is_symlink():
-            found += [
-                f"{CHECKPOINT_DIR}/{inner.name}"
-                for inner in sorted(path.iterdir())
-                if written_checkpoint_name(inner.name)
-                and not {f"{CHECKPOINT_DIR}/{inner.name}", f"{CHECKPOINT_DIR}/{_plain(inner.name)}"} & listed
-            ]
-    return found
-
-
-def refuse_look_alikes(run_dir: Path, directory: Path, entries: Entries | None = None) -> None:
-    """RunDirError naming what ``directory`` (``run_dir`` or one of its agents' directories) holds under names a
-    run writes without a run of ppo-eqx's there having written it (``look_alikes``; ``entries``: its manifest's)."""
-    found = [
-        os.path.join(os.path.relpath(directory, run_dir), name).removeprefix("./")
-        for name in look_alikes(directory, entries)
-    ]
-    if found:
-        shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
-        raise RunDirError(
-            f"--run-dir {run_dir} holds {shown}: named as a run's files, but no run of ppo-eqx there wrote them, "
-            "and a run would write over them; move them, or pick another --run-dir"
-        )
-
-
-def never_trained(run_dir: Path, entries: Entries | None = None) -> bool:
-    """Whether the run of ppo-eqx's in ``run_dir`` (its manifest's ``entries``, read here if not given) stopped
-    before anything of it could be kept: no checkpoint, and no agent wrote a row of metrics (what a kill or a fault
-    before the first iteration leaves). A plain retry may start afresh there."""
-    entries = read_manifest(run_dir) if entries is None else entries
-    if entries is None or any((run_dir / CHECKPOINT_DIR).glob("iter_*.json")):
-        return False
-    for agent_dir in [run_dir, *(run_dir / relative for kind, relative in entries if kind == "run")]:
-        with contextlib.suppress(FileNotFoundError):
-            if (agent_dir / METRICS).read_text(errors="replace").strip():
-                return False
-    return True
 
 
 # --- --overwrite ------------------------------------------------------------------------------------------------
@@ -287,7 +196,7 @@ def run_file(path: Path, run_dir: Path, flag: str = "path") -> str | None:
 def _check_not_in_a_run(flag: str, path: Path) -> None:
     """RunDirError if ``path`` is, or lies in, one of the own files of a run (or an agent's run) above it."""
     for parent in resolved(flag, path).parents:
-        own = run_file(path, parent, flag) if looks_like_a_run(parent) or (parent / MANIFEST).exists() else None
+        own = run_file(path, parent, flag) if holds_run(parent) or (parent / MANIFEST).exists() else None
         if own is not None:
             raise RunDirError(f"{flag} {path} is the {own} of the run in {parent}; allowed: a path of its own")
 
@@ -325,75 +234,19 @@ def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
 # --- taking a directory for a new run ----------------------------------------------------------------------------
 
 
-def refuse_links(run_dir: Path, directory: Path, entries: Entries | None = None) -> None:
-    """RunDirError naming a symbolic link in ``directory`` (``run_dir`` or one of its agents') where a run writes
-    (``checkpoints``, ``metrics.jsonl``, ...): a run writes only inside its own directory, and ``--overwrite`` keeps
-    what its run did not write, so it would stay in the way. A listed file (in ``entries``, its manifest's, read
-    here if not given) that is a link is the run's to delete."""
-    if not directory.is_dir():
-        return
-    listed = set(owned_entries(directory) if entries is None else entries)
-    for path in sorted(directory.iterdir()):
-        if path.is_symlink() and written_name(path.name) and ("file", path.name) not in listed:
-            shown = os.path.relpath(path, run_dir)
-            raise RunDirError(
-                f"--run-dir {run_dir}: {shown} is a symbolic link, where a run writes its own; a run writes only "
-                "inside its directory, never through a link: remove it (or pick another --run-dir) and try again"
-            )
-
-
 def check_run_dirs(run_dir: Path, agent_dirs: Sequence[Path], overwrite: bool) -> None:
     """Every directory a new run writes (``run_dir``, and ``agent_dirs`` for a run of several agents) may be
-    written (nothing is written or created here): not an agent's directory of another run; nothing in it named as a
-    run's files that a run of ppo-eqx there did not write (``look_alikes``), or a link where a run writes
-    (``refuse_links``); a run there only with ``overwrite`` (or one that never trained: a plain retry); and with
-    ``overwrite`` no agent's directory holding a run that the old run did not write (``--overwrite`` deletes only
-    the old run's)."""
-    check_new_run_dir(run_dir, overwrite)
-    for parent in run_dir.absolute().parents:
-        if looks_like_a_run(parent) and any(run_dir.absolute().is_relative_to(a) for a in owned_agents(parent)):
-            raise RunDirError(f"--run-dir {run_dir} is an agent's directory of the run in {parent}; allowed: a path "
-                              "of its own")  # fmt: skip
-    entries = owned_entries(run_dir) if run_dir.is_dir() else []  # the manifest, read once
-    refuse_look_alikes(run_dir, run_dir, entries)
-    refuse_links(run_dir, run_dir, entries)
-    if entries and not overwrite and not never_trained(run_dir, entries):
-        raise RunDirError(
-            f"--run-dir {run_dir} already holds a run; pass --overwrite to replace it "
-            f"or --resume {run_dir} to continue it"
-        )
-    owned = {run_dir / relative for kind, relative in entries if kind == "run"} if overwrite else set()
-    for agent_dir in agent_dirs:
-        if overwrite and agent_dir not in owned and looks_like_a_run(agent_dir):
-            raise RunDirError(
-                f"{agent_dir} holds a run that the run in {run_dir} did not write, and --overwrite keeps it; move "
-                "it, or pick another --run-dir"
-            )
-        check_new_run_dir(agent_dir, overwrite)
-        agent_entries = owned_entries(agent_dir) if agent_dir.is_dir() else []
-        refuse_look_alikes(run_dir, agent_dir, agent_entries)
-        refuse_links(run_dir, agent_dir, agent_entries)
-
-
-def check_resumed_dirs(run_dir: Path, agent_dirs: Sequence[Path]) -> None:
-    """A run to resume wrote a manifest (ppo-eqx writes only where it knows what it wrote: an earlier ppo-eqx's run,
-    without one, is refused in one line), and no link stands where it writes (``refuse_links``)."""
-    entries = read_manifest(run_dir)
-    if entries is None:
-        raise RunDirError(
-            f"--resume {run_dir}: it holds no list of what its run wrote ({MANIFEST}: an earlier ppo-eqx wrote it), "
-            "and ppo-eqx writes only where it knows what it wrote; train a new run, or resume it with the ppo-eqx "
-            "that wrote it"
-        )
-    refuse_links(run_dir, run_dir, entries)
-    for directory in agent_dirs:
-        refuse_links(run_dir, directory)
+    written (nothing is written or created here): each path (``check_new_run_dir``), then what each holds against
+    what its run wrote (``manifest.check_contents``)."""
+    for directory in (run_dir, *agent_dirs):
+        check_new_run_dir(directory, overwrite)
+    check_contents(run_dir, agent_dirs, overwrite)
 
 
 def take_new_run_dir(run_dir: Path, *, claim: bool, command: str) -> tuple[Path, RunLock]:
     """Create the new run's directory (``claim``: a default name, made fresh as ``run_dir`` or ``run_dir__2``, ...:
-    ``claim_new_dir``) and lock it: the directory taken, and its lock. The caller checks it again under the
-    lock before anything is written."""
+    ``claim_new_dir``) and lock it: the directory taken, and its lock. The caller checks what it holds again under
+    the lock before anything is written."""
     if claim:
         run_dir = claim_new_dir(run_dir)
     try:
@@ -413,19 +266,21 @@ def take_new_run(
     command: str,
     report: Callable[[str], None],
 ) -> tuple[RunDirectory, RunLock]:
-    """Take a new run's directory whole: made and locked (``take_new_run_dir``), checked again under the lock
-    (``check_run_dirs``), the old run there cleared with ``overwrite`` or by a plain retry of one that never trained
-    (``report`` is given ``Cleared.lines``, what was deleted and kept, a line at a time before anything else is
-    made), and for several agents (``agent_names``) their directories and ``seeds.json`` (``config``:
-    ``make_agent_dirs``). The directory taken (``RunDirectory``, pinned to what the lock holds) and its lock;
-    nothing locked when it is refused."""
+    """Take a new run's directory whole: made and locked (``take_new_run_dir``) and opened, what it holds checked
+    again under the lock (``check_contents``), the old run there cleared with ``overwrite`` or by a plain retry of
+    one that never trained (``report`` is given ``Cleared.lines``, what was deleted and kept, a line at a time before
+    anything else is made), and for several agents (``agent_names``) their directories and ``seeds.json``
+    (``config``: ``make_agent_dirs``). The directory taken (``RunDirectory``, pinned to what the lock holds) and its
+    lock; nothing locked when it is refused."""
     run_dir, lock = take_new_run_dir(run_dir, claim=claim, command=command)
     several = len(agent_names) > 1
     directory = None
     try:
-        check_run_dirs(run_dir, agent_dirs_of(run_dir, agent_names) if several else [], overwrite)
-        directory = RunDirectory(run_dir, lock.directory_fd())
-        if has_run(run_dir) and (overwrite or never_trained(run_dir)):
+        fd = lock.directory_fd()
+        directory = RunDirectory(run_dir, fd)
+        # What it holds may have changed before the lock (its path was checked before it was made).
+        entries = check_contents(run_dir, agent_dirs_of(run_dir, agent_names) if several else [], overwrite)
+        if entries and (overwrite or never_trained(run_dir, entries)):
             for line in clear_run(directory).lines(run_dir, "--overwrite" if overwrite else None):
                 report(line)
         if several:

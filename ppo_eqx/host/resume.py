@@ -5,14 +5,15 @@ flag the directory came from."""
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..config import PPOConfig
 from ..errors import RunDirError
-from .checkpoint import CheckpointFile, check_same_run, read_checkpoint
+from .checkpoint import CheckpointFile, check_same_run, read_bounded, read_checkpoint
 from .manifest import read_manifest
-from .rundir import CONFIG, HARDWARE, MANIFEST, METRICS, SEEDS_CONFIG, agent_dirs, checked_metrics, read_bounded
+from .rundir import CONFIG, HARDWARE, MANIFEST, METRICS, SEEDS_CONFIG, agent_dirs
 
 MAX_CONFIG_BYTES = 16 * 2**20
 """A ``config.json`` larger than this is not one ppo-eqx wrote."""
@@ -23,7 +24,7 @@ def read_run(run_dir: Path, who: str, environment: dict[str, str | None]) -> tup
     names what is wrong, after ``who``, the flag that named it): its manifest (a damaged one is refused, as
     ``--overwrite`` refuses it), its config, its newest checkpoint (written by that config), the environment it
     was trained under against this process's (``check_same_environment``), and each agent's history up to that
-    checkpoint (``rundir.checked_metrics``)."""
+    checkpoint (``checked_metrics``)."""
     if read_manifest(run_dir) is None:
         raise RunDirError(
             f"{who} {run_dir}: it holds no list of what its run wrote ({MANIFEST}: no run, or one of an earlier "
@@ -31,6 +32,8 @@ def read_run(run_dir: Path, who: str, environment: dict[str, str | None]) -> tup
         )
     config = read_run_config(run_dir, who)
     newest = read_checkpoint(run_dir)
+    check_same_run(newest, config)
+    names = config.agent_names()
     if newest.metadata["iteration"] > config.num_iterations:
         raise RunDirError(
             f"{who} {run_dir}: checkpoint {newest.path.name} claims iteration {newest.metadata['iteration']}, past "
@@ -38,11 +41,10 @@ def read_run(run_dir: Path, who: str, environment: dict[str, str | None]) -> tup
         )
     if not os.access(run_dir, os.W_OK | os.X_OK):
         raise RunDirError(f"{who} {run_dir} is not writable")
-    dirs = agent_dirs(run_dir, config.agent_names())
+    dirs = agent_dirs(run_dir, names)
     check_same_environment(f"{who} {run_dir}", recorded_environment(dirs[0]), environment)
     for agent_dir in dirs:
         checked_metrics(agent_dir / METRICS, int(newest.metadata["iteration"]))
-    check_same_run(newest, config)
     return config, newest
 
 
@@ -111,3 +113,50 @@ def read_run_config(run_dir: Path, who: str) -> PPOConfig:
         return PPOConfig.from_dict(saved)
     except ValueError as error:
         raise RunDirError(f"{who} {run_dir}: {config_path}: {error}") from None
+
+
+def _listed(iterations: Sequence[int]) -> str:
+    shown = ", ".join(map(str, iterations[:5]))
+    return shown + (f", ... ({len(iterations)} rows)" if len(iterations) > 5 else "") if iterations else "none"
+
+
+def checked_metrics(path: Path, last_iteration: int) -> list[str]:
+    """The lines of ``metrics.jsonl`` that a run resumed from its checkpoint of ``last_iteration`` keeps: the rows
+    of iterations 1 .. ``last_iteration``, each once and in order. What a kill or a copy can leave is repaired
+    (a line cut short or not JSON, rows after the checkpoint, a row repeated, rows out of order); a row that is
+    missing, or two different rows of one iteration, cannot be: RunDirError, as resuming would extend a history
+    with a gap or a row of another run. Reads only."""
+    rows: dict[int, dict[str, Any]] = {}
+    lines: dict[int, str] = {}
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        text = None
+    except OSError as error:
+        raise RunDirError(f"cannot read {path}: {error.strerror}") from None
+    if text is None and last_iteration:
+        raise RunDirError(
+            f"{path} is missing; resuming would leave iterations 1 .. {last_iteration} without metrics: restore it "
+            "or --overwrite"
+        )
+    for line in (text or "").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        iteration = row.get("iteration") if isinstance(row, dict) else None
+        if not isinstance(iteration, int) or not 1 <= iteration <= last_iteration:
+            continue
+        if iteration in rows and rows[iteration] != row:
+            raise RunDirError(
+                f"{path} holds two different rows of iteration {iteration}; resuming would keep a row of another "
+                "run: restore it or --overwrite"
+            )
+        rows[iteration], lines[iteration] = row, line
+    missing = [i for i in range(1, last_iteration + 1) if i not in rows]
+    if missing:
+        raise RunDirError(
+            f"{path} lacks iteration {missing[0]} (it has {_listed(sorted(rows))}); resuming would leave a gap: "
+            "restore it or --overwrite"
+        )
+    return [lines[i] + "\n" for i in range(1, last_iteration + 1)]

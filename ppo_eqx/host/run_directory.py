@@ -41,9 +41,14 @@ class RunDirectory:
     """
 
     def __init__(self, path: Path, fd: int):
+        """``fd`` is the directory's, this object's to close from now on (also when its manifest is refused here)."""
         self.path, self._fd = path, fd
         self._dirs: dict[str, int] = {}
-        self._listed: set[tuple[Kind, str]] = set(read_manifest(path, dir_fd=fd) or [])
+        try:
+            self._listed: set[tuple[Kind, str]] = set(read_manifest(path, dir_fd=fd) or [])
+        except BaseException:
+            os.close(fd)
+            raise
         self._manifest_own = False
 
     @classmethod
@@ -101,11 +106,7 @@ class RunDirectory:
             fd = os.open(parts[-1], _DIRECTORY, dir_fd=self._dir_fd(parts[:-1], relative))
         except (OSError, RunDirError):
             return None
-        try:
-            return RunDirectory(self.path / relative, fd)
-        except BaseException:
-            os.close(fd)
-            raise
+        return RunDirectory(self.path / relative, fd)
 
     # --- the manifest -------------------------------------------------------------------------------------------
 
