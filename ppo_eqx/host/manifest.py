@@ -218,9 +218,9 @@ class Strangers(NamedTuple):
     """Every such name when no run of ppo-eqx's is there, else those its manifest does not list: a new run would
     write over them, or ``--overwrite`` take them for the run's."""
     links: list[str]
-    """Symbolic links where a run writes (``checkpoints``, ``metrics.jsonl``, ...), but a listed file: a run writes
-    only inside its own directory, and ``--overwrite`` keeps what its run did not write, so they would stay in the
-    way."""
+    """Symbolic links under names a run writes (``checkpoints``, ``metrics.jsonl``, ...), a file that the manifest
+    lists (the run's own to delete) aside: a run writes only inside its own directory, and ``--overwrite`` keeps what
+    its run did not write, so they would stay in the way."""
 
 
 def strangers(directory: Path, entries: Entries | None = None) -> Strangers:

@@ -21,15 +21,10 @@ MAX_CONFIG_BYTES = 16 * 2**20
 
 def read_run(run_dir: Path, who: str, environment: dict[str, str | None]) -> tuple[PPOConfig, CheckpointFile]:
     """What a run directory holds to be resumed, read whole and checked before anything is written (RunDirError
-    names what is wrong, after ``who``, the flag that named it): its manifest (a damaged one is refused, as
-    ``--overwrite`` refuses it), its config, its newest checkpoint (written by that config), the environment it
+    names what is wrong, after ``who``, the flag that named it): its manifest and its config
+    (``read_run_config``), its newest checkpoint (written by that config), the environment it
     was trained under against this process's (``check_same_environment``), and each agent's history up to that
     checkpoint (``checked_metrics``)."""
-    if read_manifest(run_dir) is None:
-        raise RunDirError(
-            f"{who} {run_dir}: it holds no list of what its run wrote ({MANIFEST}: no run, or one of an earlier "
-            "ppo-eqx), and ppo-eqx writes only where it knows what it wrote; train a new run in another directory"
-        )
     config = read_run_config(run_dir, who)
     newest = read_checkpoint(run_dir)
     check_same_run(newest, config)
@@ -94,7 +89,14 @@ def check_same_environment(run: str, recorded: dict[str, Any] | None, now: dict[
 
 
 def read_run_config(run_dir: Path, who: str) -> PPOConfig:
-    """The config a run directory was trained with: its ``config.json``, or a run of several agents' ``seeds.json``."""
+    """The config that the run of ppo-eqx's in ``run_dir`` was trained with: its ``config.json``, or a run of several
+    agents' ``seeds.json``. First its manifest, which makes it a run of this ppo-eqx's (a damaged one is refused, as
+    ``--overwrite`` refuses it)."""
+    if read_manifest(run_dir) is None:
+        raise RunDirError(
+            f"{who} {run_dir}: it holds no list of what its run wrote ({MANIFEST}: no run, or one of an earlier "
+            "ppo-eqx), and ppo-eqx writes only where it knows what it wrote; train a new run in another directory"
+        )
     config_path = run_dir / CONFIG
     if not config_path.exists() and (run_dir / SEEDS_CONFIG).exists():
         config_path = run_dir / SEEDS_CONFIG
