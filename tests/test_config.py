@@ -9,7 +9,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from ppo_eqx import ConfigError, PPOConfig
-from ppo_eqx.config import CONV_IMPLS, FIELD_RANGES, INT32_MAX, preset_for
+from ppo_eqx.config import CONV_IMPLS, FIELD_RANGES, INT32_MAX, preset_for, sweep_item
 from ppo_eqx.settings import FLOAT32_MAX, FLOAT32_TINY
 
 pytestmark = pytest.mark.unit
@@ -285,3 +285,21 @@ def test_validate_returns_a_usable_config_or_raises_config_error_for_any_values(
 @given(st.fixed_dictionaries({}, optional={name: plausible(field) for name, field in FIELDS.items()}))
 def test_validate_returns_a_usable_config_or_raises_config_error_near_the_edges(values):
     event("valid" if assert_valid_or_refused(values) else "refused")
+
+
+@pytest.mark.unit
+def test_a_sweep_written_as_its_flag_is_an_item_of_the_configs_sweep():
+    assert sweep_item("learning-rate=0.001, 3e-4") == ("learning_rate", (0.001, 0.0003))
+    assert sweep_item("norm-adv=true,FALSE") == ("norm_adv", (True, False))
+    config = PPOConfig(env_id="CartPole-v1", sweep=(sweep_item("gamma=0.9,0.99"),)).validate()
+    assert config.num_agents == 2
+    for text, said in [
+        ("gamma", "is not NAME=V1,V2"),
+        ("gama=0.9", "is not a hyperparameter"),
+        ("num-envs=4,8", "num-envs cannot be swept in one program"),
+        ("gamma=0.9,,0.99", "has an empty value"),
+        ("norm-adv=yes", "is not true or false"),
+        ("gamma=high", "is not a number"),
+    ]:
+        with pytest.raises(ConfigError, match=said):
+            sweep_item(text)

@@ -14,13 +14,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ..config import FIELD_CHOICES, FIELD_TYPES, INT32_MAX, PPOConfig, flag
+from ..config import FIELD_CHOICES, INT32_MAX, PPOConfig, flag
+from ..config import sweep_item as parse_sweep
 from ..errors import ConfigError, RunDirError, RunError, UsageError
 from ..host.lock import refuse_if_held
 from ..host.manifest import read_manifest, refuse_strangers
 from ..host.ownership import check_output, path_problem
 from ..host.rundir import CHECKPOINT_DIR
-from ..sweeps import NOT_SWEEPABLE, SWEEPABLE
+from ..sweeps import SWEEPABLE
 from ..validation import IMPORTABLE
 from .environment import XlaFlagsProbe, import_jax, restore_xla_flags, schedule_small_programs
 
@@ -61,39 +62,12 @@ def _field_help(field: dataclasses.Field, default: Any) -> str:
     return f"{text} (default: {default!r})".replace("%", "%%")
 
 
-_TRUTH = {"true": True, "false": False}
-
-
-def _sweep_value(name: str, text: str) -> Any:
-    """One value of a ``--sweep`` list, parsed as field ``name``'s type (its range is PPOConfig's to check)."""
-    if FIELD_TYPES[name] is bool:
-        if text.lower() not in _TRUTH:
-            raise argparse.ArgumentTypeError(f"{flag(name)[2:]}: {text[:60]!r} is not true or false")
-        return _TRUTH[text.lower()]
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{flag(name)[2:]}: {text[:60]!r} is not a number") from None
-
-
 def sweep_item(text: str) -> tuple[str, tuple[Any, ...]]:
-    """``NAME=V1,V2,...`` (NAME a kebab-case flag name) as ``(field_name, (value, ...))``."""
-    name, equals, values = text.partition("=")
-    field = name.strip().replace("-", "_")
-    allowed = ", ".join(flag(name)[2:] for name in SWEEPABLE)
-    if not equals:
-        raise argparse.ArgumentTypeError(f"{text[:60]!r} is not NAME=V1,V2,...; allowed names: {allowed}")
-    if field not in FIELD_TYPES:
-        raise argparse.ArgumentTypeError(f"{name[:60]!r} is not a hyperparameter; allowed: {allowed}")
-    if field not in SWEEPABLE:
-        raise argparse.ArgumentTypeError(
-            f"{flag(field)[2:]} cannot be swept in one program ({field} {NOT_SWEEPABLE[field]}); train one run "
-            f"per value instead (bench/atari57.py runs many); allowed: {allowed}"
-        )
-    pieces = [piece.strip() for piece in values.split(",")]
-    if not values.strip() or not all(pieces):
-        raise argparse.ArgumentTypeError(f"{flag(field)[2:]}: {values[:60]!r} has an empty value; allowed: V1,V2,...")
-    return field, tuple(_sweep_value(field, piece) for piece in pieces)
+    """``--sweep``'s value (``config.sweep_item``), its refusal as argparse's."""
+    try:
+        return parse_sweep(text)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
