@@ -39,8 +39,9 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the
     sys.path.insert(0, str(REPO_ROOT))
 
 from ppo_eqx.config import PPOConfig  # noqa: E402
-from ppo_eqx.errors import ConfigError  # noqa: E402
+from ppo_eqx.errors import ConfigError, RunDirError  # noqa: E402
 from ppo_eqx.host import rundir  # noqa: E402
+from ppo_eqx.host.manifest import holds_run  # noqa: E402
 from ppo_eqx_bench import launch  # noqa: E402
 from ppo_eqx_bench.anchors import ANCHORS_CSV, HUMAN_RANDOM_CSV, PUBLISHED_10M, AnchorError, load_anchors  # noqa: E402
 from ppo_eqx_bench.runs import Run, find_run_dirs, load_run  # noqa: E402
@@ -123,7 +124,7 @@ def saved_config(run_dir: Path) -> dict[str, Any] | None:
 
 def run_state(run_dir: Path) -> str:
     """NO_RUN, UNFINISHED or FINISHED (every agent's summary.json exists) for the run in ``run_dir``."""
-    if not rundir.holds_run(run_dir):
+    if not holds_run(run_dir):
         return NO_RUN
     config = saved_config(run_dir)
     if config is None:
@@ -143,7 +144,7 @@ def read_runs(run_dir: Path) -> list[Run]:
     for path in find_run_dirs(run_dir):
         try:
             runs.append(load_run(path, include_unfinished=True))
-        except rundir.RunDirError as error:
+        except RunDirError as error:
             print(f"note: skipped {path}: {error}", file=sys.stderr)
     return sorted(runs, key=lambda run: (run.seed, str(run.run_dir)))
 
@@ -465,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             evals=evals,
         )
         png, json_path = write_outputs(data, args.out)
-    except (LearningCurveError, rundir.RunDirError, OSError) as error:
+    except (LearningCurveError, RunDirError, OSError) as error:
         print(f"learning_curve.py: {error}", file=sys.stderr)
         return 1
     for seed in data["seeds"]:

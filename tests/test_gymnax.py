@@ -87,7 +87,7 @@ def test_a_tasks_config_for_a_library_user_is_the_command_lines():
     args = build_parser().parse_args(
         ["train", "--env-backend", "gymnax", "--env-id", "CartPole-v1", "--num-seeds", "64", "--learning-rate", "1e-3"]
     )
-    assert config_from_args(args) == config
+    assert config_from_args(args)[0] == config
     minatar = PPOConfig.for_task("SpaceInvaders-MinAtar", env_backend="gymnax")
     assert (minatar.num_envs, minatar.gamma, minatar.iterations_per_dispatch) == (64, 0.999, 10)
     with pytest.raises(ConfigError, match="unknown config field"):
@@ -156,7 +156,7 @@ def test_network_init_on_the_command_line_starts_each_agents_model_so():
     flags = ["train", "--env-backend", "gymnax", "--env-id", "Breakout-MinAtar", "--num-seeds", "2"]
     spec = backend("gymnax").spec("Breakout-MinAtar")
     for extra, nonzero_biases in (([], False), (["--network-init", "gymnax-blines"], True)):
-        config = config_from_args(build_parser().parse_args([*flags, *extra]))
+        config, _, _ = config_from_args(build_parser().parse_args([*flags, *extra]))
         model = fresh_agents(config, spec, conv_impl="matmul").model
         assert isinstance(model.actor, MLP)
         biases = np.asarray(model.actor.layers[0].bias)
