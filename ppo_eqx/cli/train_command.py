@@ -9,7 +9,6 @@ more than the parser needs.
 """
 
 import argparse
-import os
 from pathlib import Path
 
 import jax
@@ -151,13 +150,8 @@ def _take(
                 plan, lock, directory = _take_new(plan, args)
             else:
                 lock = lock or RunLock.take(plan.run_dir, "ppo-eqx train --resume")
-                fd = lock.directory_fd()
-                try:
-                    check_resumed_dirs(plan.run_dir, _agent_dirs(plan))
-                except RunDirError:
-                    os.close(fd)
-                    raise
-                directory = RunDirectory(plan.run_dir, fd)
+                check_resumed_dirs(plan.run_dir, _agent_dirs(plan))
+                directory = RunDirectory(plan.run_dir, lock.directory_fd())
         except RunDirError as error:
             refused = error
     if any_process(refused is not None):
