@@ -23,7 +23,7 @@ from ..host.lock import RunLock, refuse_if_held
 from ..host.manifest import check_resumed_dirs
 from ..host.mesh import MeshPlacement, any_process
 from ..host.ownership import check_run_dirs, free_name, take_new_run
-from ..host.placement import placement_for, rollout_record
+from ..host.placement import placement_for
 from ..host.resume import read_run_again
 from ..host.run_directory import RunDirectory
 from .checks import check_addresses, check_memory, check_wandb_names, conv_route, require
@@ -129,7 +129,7 @@ def _on_these_devices(plan: Plan, mesh: Mesh | None) -> tuple[Plan, ConvRoute]:
         placement = MeshPlacement(config, mesh, plan.backend)
     hardware = hardware_info(route)  # with the route the convolutions take here
     hardware["environment"] = plan.environment
-    hardware["rollout"] = rollout_record(placement)
+    hardware["rollout"] = placement.rollout_record()
     if mesh is not None:
         hardware["mesh"] = {"devices": mesh.size, "processes": jax.process_count()}
     return plan._replace(route=route, placement=placement, hardware=hardware), route

@@ -356,6 +356,9 @@ class HostEnvsPlacement:
     def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint:
         return Checkpoint(state.model, state.opt_state, state.key, collector.save(state.carry), state.iteration)
 
+    def rollout_record(self) -> dict[str, Any]:
+        return {"on": "host-envs", "policy_device": f"{self.device.platform}:{self.device.id}"}
+
 
 class _LearnPrograms:
     """The learning stage (``core.iteration.make_stages``) and the episode metrics, as programs of their own."""

@@ -181,6 +181,9 @@ class MeshPlacement:
         stats = jax.tree.map(lambda x: jnp.asarray(gather_envs(x)), state.carry.stats)
         return Checkpoint(local(state.model), local(state.opt_state), state.key, stats, state.iteration)
 
+    def rollout_record(self) -> dict[str, Any]:
+        return {"on": "device"}  # the mesh's two programs, on its devices
+
 
 def every_process_stats(stats: EpisodeStats) -> EpisodeStats:
     """This process's episode statistics with the finished episodes of every process's envs (``gather_envs``),

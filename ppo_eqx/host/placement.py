@@ -46,6 +46,11 @@ class Placement(Protocol):
     ) -> TrainState: ...
     def program(self, collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> Program: ...
     def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint: ...
+    def rollout_record(self) -> dict[str, Any]:
+        """Where it runs the rollout, for ``hardware.json``: ``on`` "device" (one program, or a mesh's two),
+        "host" (with the rollout's device and convolutions' route and the learning's device) or "host-envs" (with
+        the device of the policy and the learning)."""
+        ...
 
 
 class _Jitted:
@@ -91,6 +96,9 @@ class OneDevice:
 
     def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint:
         return Checkpoint(state.model, state.opt_state, state.key, collector.save(state.carry), state.iteration)
+
+    def rollout_record(self) -> dict[str, Any]:
+        return {"on": "device"}
 
 
 def init_state(config: PPOConfig, spec: EnvSpec, collector: Collector, *, conv_impl: ConvRoute) -> TrainState:
@@ -164,22 +172,3 @@ def placement_for(config: PPOConfig, spec: EnvSpec, env_backend: EnvBackend) -> 
 
     rollout_conv = resolve_conv_impl_for(config.conv_impl, spec, platform="cpu")  # type: ignore[arg-type]
     return SplitPlacement(jax.devices("cpu")[0], jax.devices()[0], rollout_conv=rollout_conv)
-
-
-def rollout_record(placement: Placement) -> dict[str, Any]:
-    """Where ``placement`` runs the rollout, for ``hardware.json``: ``on`` "device" (one program, or a mesh's
-    two), "host" with the rollout's device and convolutions' route and the learning's device, or "host-envs" with
-    the device of the policy (and of the learning)."""
-    from .host_envs import HostEnvsPlacement
-    from .split import SplitPlacement
-
-    if isinstance(placement, HostEnvsPlacement):
-        return {"on": "host-envs", "policy_device": f"{placement.device.platform}:{placement.device.id}"}
-    if not isinstance(placement, SplitPlacement):
-        return {"on": "device"}
-    return {
-        "on": "host",
-        "rollout_device": f"{placement.rollout_device.platform}:{placement.rollout_device.id}",
-        "rollout_conv_impl": placement.rollout_conv,
-        "learn_device": f"{placement.learn_device.platform}:{placement.learn_device.id}",
-    }

@@ -51,6 +51,14 @@ class SplitPlacement:
     def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint:
         return Checkpoint(state.model, state.opt_state, state.key, collector.save(state.carry), state.iteration)
 
+    def rollout_record(self) -> dict[str, Any]:
+        return {
+            "on": "host",
+            "rollout_device": f"{self.rollout_device.platform}:{self.rollout_device.id}",
+            "rollout_conv_impl": self.rollout_conv,
+            "learn_device": f"{self.learn_device.platform}:{self.learn_device.id}",
+        }
+
 
 class _SplitProgram:
     """One iteration a call (``Program.length`` 1): the collect program on the rollout device, the learn program
