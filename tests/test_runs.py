@@ -18,6 +18,7 @@ from ppo_eqx.core.envs import env_spec
 from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_checkpoint, read_metadata
 
 from .comparisons import leaves_equal, metrics
+from .run_files import interrupted_copy
 
 pytestmark = pytest.mark.subprocess
 
@@ -82,11 +83,44 @@ def test_a_finished_run_is_said_before_a_device_is_joined(finished_run, tmp_path
         raise AssertionError("a finished run joined devices or resolved a route")
 
     monkeypatch.setattr(command, "start_processes", not_now)
-    monkeypatch.setattr(command, "_on_these_devices", not_now)
+    monkeypatch.setattr(command, "on_these_devices", not_now)
     run_dir = copy_run(finished_run, tmp_path)
     capsys.readouterr()
     assert resume(run_dir) == 0
     assert "finished at iteration 4; nothing to resume" in capsys.readouterr().out
+
+
+def test_a_resumed_run_is_read_again_under_its_lock(finished_run, tmp_path):
+    """``--resume`` plans from what the run holds, then reads it again once it holds the run's lock: a run that
+    another process trained on to its end meanwhile has nothing left to resume and no directory is opened to write.
+    A process of several does not read it again (its plan is every process's), and takes the directory."""
+    from ppo_eqx.cli.command_line import build_parser
+    from ppo_eqx.cli.plan import plan_resume
+    from ppo_eqx.cli.take import take_run_dir
+
+    run_dir = interrupted_copy(finished_run, tmp_path / "run", at=2)
+    args = build_parser().parse_args(["train", "--resume", str(run_dir)])
+    plan = plan_resume(args, {})
+    assert plan.start_iteration == 2 and plan.nothing_to_resume is None
+    for name in ("checkpoints/iter_000004.json", "checkpoints/iter_000004.eqx", "metrics.jsonl", "summary.json"):
+        shutil.copy2(finished_run / name, run_dir / name)  # trained to its end by another process meanwhile
+    before = unlocked(snapshot(run_dir))
+
+    again, lock, directory = take_run_dir(plan, args, writes=True, one_process=True)
+    lock.release()
+    assert again.start_iteration == 4 and directory is None
+    assert again.nothing_to_resume == f"ppo-eqx: {run_dir} finished at iteration 4; nothing to resume"
+
+    several, lock, directory = take_run_dir(plan, args, writes=True, one_process=False)
+    directory.close()
+    lock.release()
+    assert several.start_iteration == 2 and directory.path == run_dir
+    assert unlocked(snapshot(run_dir)) == before
+
+
+def unlocked(files: dict[str, bytes]) -> dict[str, bytes]:
+    """A snapshot without the lock file, which names whoever took the lock last."""
+    return {name: data for name, data in files.items() if name != ".ppo-eqx.lock"}
 
 
 def break_run(run_dir, how: str) -> None:

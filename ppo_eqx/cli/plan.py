@@ -32,7 +32,7 @@ class Plan(NamedTuple):
     resume: CheckpointFile | None = None
     """The newest checkpoint, read and checked, when resuming."""
     route: ConvRoute | None = None
-    """How the convolutions are computed here (``checks.conv_route``), once the devices are joined."""
+    """How the convolutions are computed here (``devices.conv_route``), once the devices are joined."""
     loss: Loss = model_loss
     """The loss the update descends (``config.loss``, imported at the edge: ``core.loss.loss_named``)."""
     placement: Placement | None = None
