@@ -111,8 +111,6 @@ def batch_bytes(config: PPOConfig, spec: EnvSpec) -> int:
 def device_memory() -> tuple[int, str] | None:
     """The bytes the default device can hold now and what they are, in words: a GPU's limit, or on the CPU the
     memory this machine has available (``/proc/meminfo``); None where neither is known."""
-    import jax
-
     device = jax.devices()[0]
     if device.platform != "cpu":
         limit = (device.memory_stats() or {}).get("bytes_limit")
