@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def config_of(args: argparse.Namespace, seed: int, num_seeds: int):
     """The config of all the agents (``--sweep`` included)."""
     from ppo_eqx import PPOConfig
-    from ppo_eqx.config import sweep_item
+    from ppo_eqx.sweeps import sweep_item
 
     batch = args.num_envs * args.num_steps
     return PPOConfig(

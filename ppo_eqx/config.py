@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, get_args, no_type_check
 from .errors import ConfigError, show_value
 from .presets import preset_for
 from .settings import ENV_BACKENDS, FieldRange, Hyperparameters, Sizes, config_field, is_import_path
-from .sweeps import NOT_SWEEPABLE, SWEEPABLE, normal_sweep, setting_label
+from .sweeps import normal_sweep, setting_label
 from .validation import check_field, check_sweep
 
 if TYPE_CHECKING:  # the array face imports jax: config.py stays jax-free for the command line's parser
@@ -409,39 +409,3 @@ def agents_of(sweep: SweepPairs, num_seeds: int) -> int:
 def flag(name: str) -> str:
     """The command-line flag of a PPOConfig field: ``num_envs`` -> ``--num-envs``."""
     return "--" + name.replace("_", "-")
-
-
-_TRUTH = {"true": True, "false": False}
-
-
-def _sweep_value(name: str, text: str) -> Any:
-    """One value of a sweep's text, parsed as field ``name``'s type (its range is PPOConfig's to check)."""
-    if FIELD_TYPES[name] is bool:
-        if text.lower() not in _TRUTH:
-            raise ConfigError(f"{flag(name)[2:]}: {text[:60]!r} is not true or false")
-        return _TRUTH[text.lower()]
-    try:
-        return float(text)
-    except ValueError:
-        raise ConfigError(f"{flag(name)[2:]}: {text[:60]!r} is not a number") from None
-
-
-def sweep_item(text: str) -> tuple[str, tuple[Any, ...]]:
-    """A sweep written as ``--sweep`` takes it, ``NAME=V1,V2,...`` (NAME a kebab-case flag name), as
-    ``(field_name, (value, ...))``: an item of ``PPOConfig.sweep``; ConfigError naming what is wrong."""
-    name, equals, values = text.partition("=")
-    field = name.strip().replace("-", "_")
-    allowed = ", ".join(flag(name)[2:] for name in SWEEPABLE)
-    if not equals:
-        raise ConfigError(f"{text[:60]!r} is not NAME=V1,V2,...; allowed names: {allowed}")
-    if field not in FIELD_TYPES:
-        raise ConfigError(f"{name[:60]!r} is not a hyperparameter; allowed: {allowed}")
-    if field not in SWEEPABLE:
-        raise ConfigError(
-            f"{flag(field)[2:]} cannot be swept in one program ({field} {NOT_SWEEPABLE[field]}); train one run "
-            f"per value instead (bench/atari57.py runs many); allowed: {allowed}"
-        )
-    pieces = [piece.strip() for piece in values.split(",")]
-    if not values.strip() or not all(pieces):
-        raise ConfigError(f"{flag(field)[2:]}: {values[:60]!r} has an empty value; allowed: V1,V2,...")
-    return field, tuple(_sweep_value(field, piece) for piece in pieces)

@@ -1,11 +1,12 @@
 """What one program may sweep (``PPOConfig.sweep``): the sweepable fields, why each other field is not, a sweep's
-normal form and a setting's name. No jax here; a sweep's check is ``validation.check_sweep``, beside the fields'
-types and ranges."""
+normal form, its text (``--sweep NAME=V1,V2``) and a setting's name. No jax here; a sweep's check is
+``validation.check_sweep``, beside the fields' types and ranges."""
 
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from .errors import ConfigError
 from .settings import Hyperparameters
 
 SWEEPABLE: tuple[str, ...] = tuple(field.name for field in dataclasses.fields(Hyperparameters))
@@ -33,6 +34,8 @@ NOT_SWEEPABLE: dict[str, str] = {
     "thread_affinity_offset": "changes where the envs are stepped, not the results",
     "iterations_per_dispatch": "changes the program, not the results",
     "loss": "changes the program's update",
+    "normalize_obs": "changes the program's rollout",
+    "normalize_reward": "changes the program's rollout",
     "sweep": "is the sweep itself",
 }
 """Why each other field cannot be swept in one program: it is swept by separate runs instead."""
@@ -56,3 +59,44 @@ def normal_sweep(sweep: Any) -> Any:
     ):
         return tuple((name, tuple(values)) for name, values in pairs)
     return sweep
+
+
+_TYPES: dict[str, Any] = {field.name: field.type for field in dataclasses.fields(Hyperparameters)}
+_TRUTH = {"true": True, "false": False}
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _sweep_value(name: str, text: str) -> Any:
+    """One value of a sweep's text, parsed as field ``name``'s type (its range is PPOConfig's to check)."""
+    if _TYPES[name] is bool:
+        if text.lower() not in _TRUTH:
+            raise ConfigError(f"{_kebab(name)}: {text[:60]!r} is not true or false")
+        return _TRUTH[text.lower()]
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"{_kebab(name)}: {text[:60]!r} is not a number") from None
+
+
+def sweep_item(text: str) -> tuple[str, tuple[Any, ...]]:
+    """A sweep written as ``--sweep`` takes it, ``NAME=V1,V2,...`` (NAME a kebab-case flag name), as
+    ``(field_name, (value, ...))``: an item of ``PPOConfig.sweep``; ConfigError naming what is wrong."""
+    name, equals, values = text.partition("=")
+    field = name.strip().replace("-", "_")
+    allowed = ", ".join(_kebab(name) for name in SWEEPABLE)
+    if not equals:
+        raise ConfigError(f"{text[:60]!r} is not NAME=V1,V2,...; allowed names: {allowed}")
+    if field not in SWEEPABLE and field not in NOT_SWEEPABLE:
+        raise ConfigError(f"{name[:60]!r} is not a hyperparameter; allowed: {allowed}")
+    if field not in SWEEPABLE:
+        raise ConfigError(
+            f"{_kebab(field)} cannot be swept in one program ({field} {NOT_SWEEPABLE[field]}); train one run "
+            f"per value instead (bench/atari57.py runs many); allowed: {allowed}"
+        )
+    pieces = [piece.strip() for piece in values.split(",")]
+    if not values.strip() or not all(pieces):
+        raise ConfigError(f"{_kebab(field)}: {values[:60]!r} has an empty value; allowed: V1,V2,...")
+    return field, tuple(_sweep_value(field, piece) for piece in pieces)

@@ -9,8 +9,9 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from ppo_eqx import ConfigError, PPOConfig
-from ppo_eqx.config import CONV_IMPLS, FIELD_RANGES, INT32_MAX, preset_for, sweep_item
+from ppo_eqx.config import CONV_IMPLS, FIELD_RANGES, INT32_MAX, preset_for
 from ppo_eqx.settings import FLOAT32_MAX, FLOAT32_TINY
+from ppo_eqx.sweeps import sweep_item
 
 pytestmark = pytest.mark.unit
 
@@ -303,3 +304,11 @@ def test_a_sweep_written_as_its_flag_is_an_item_of_the_configs_sweep():
     ]:
         with pytest.raises(ConfigError, match=said):
             sweep_item(text)
+
+
+def test_every_field_is_sweepable_or_says_why_not() -> None:
+    from ppo_eqx.sweeps import NOT_SWEEPABLE, SWEEPABLE
+
+    fields = {field.name for field in dataclasses.fields(PPOConfig)}
+    assert set(SWEEPABLE) | set(NOT_SWEEPABLE) == fields
+    assert not set(SWEEPABLE) & set(NOT_SWEEPABLE)

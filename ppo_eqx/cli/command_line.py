@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from ..config import FIELD_CHOICES, INT32_MAX, PPOConfig, flag
-from ..config import sweep_item as parse_sweep
 from ..errors import ConfigError, RunDirError, RunError, UsageError
 from ..host.lock import refuse_if_held
 from ..host.manifest import read_manifest, refuse_strangers
 from ..host.ownership import check_output, path_problem
 from ..host.rundir import CHECKPOINT_DIR
 from ..sweeps import SWEEPABLE
+from ..sweeps import sweep_item as parse_sweep
 from ..validation import IMPORTABLE
 from .environment import XlaFlagsProbe, import_jax, restore_xla_flags, schedule_small_programs
 
