@@ -136,6 +136,12 @@ class PPOConfig(Hyperparameters):
         "(ppo_eqx's own)",
         choices=ROLLOUT_PLACES,
     )
+    actor_threads: int = config_field(
+        0,
+        "host-envs' actor threads, each stepping its own share of the envs and acting on the device in turn; 0: "
+        "chosen for the device (host.placement.default_actor_threads) (ppo_eqx's own)",
+        within=FieldRange(0, 256, "0 (chosen for the device) or a count of threads"),
+    )
     num_threads: int = config_field(
         0,
         "EnvPool's (and ALE's) threads stepping the envs; 0: one per env, at most the cores this process may use "

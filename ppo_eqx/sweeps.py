@@ -30,6 +30,7 @@ NOT_SWEEPABLE: dict[str, str] = {
     "bootstrap_truncated": "changes the program (one more critic evaluation a step)",
     "network_init": "is drawn before the program, the same way for every agent of a run",
     "rollout_on": "changes where the program runs, not the results",
+    "actor_threads": "changes how the envs are stepped, not the results",
     "num_threads": "changes how the envs are stepped, not the results",
     "thread_affinity_offset": "changes where the envs are stepped, not the results",
     "iterations_per_dispatch": "changes the program, not the results",

@@ -48,6 +48,9 @@ def _train(config: ppo_eqx.PPOConfig, placement: object) -> tuple[list, list[np.
         pytest.param("Hopper-v4", 3, {}, id="hopper-normalised"),
         pytest.param("InvertedPendulum-v4", 1, {}, id="pendulum-one-env"),
         pytest.param("InvertedPendulum-v4", 4, {"normalize_obs": False}, id="pendulum-rewards-normalised-halves-of-2"),
+        # Actor threads (issue 49): three actors of 1, 2 and 2 envs (one pool, two halves, two halves), and two.
+        pytest.param("CartPole-v1", 5, {"actor_threads": 3}, id="cartpole-3-actors"),
+        pytest.param("Breakout-v5", 4, {"actor_threads": 2}, id="breakout-2-actors-halves-of-1"),
     ],
 )
 def test_the_host_envs_run_computes_what_one_program_computes(env_id: str, num_envs: int, extra: dict) -> None:
@@ -57,7 +60,7 @@ def test_the_host_envs_run_computes_what_one_program_computes(env_id: str, num_e
         total_timesteps=num_envs * 16 * 4, checkpoint_every=2, **extra,
     )  # fmt: skip
     one, one_arrays, one_envs = _train(config, OneDevice())
-    loop, loop_arrays, loop_envs = _train(config, HostEnvsPlacement())
+    loop, loop_arrays, loop_envs = _train(config, HostEnvsPlacement(config.actor_threads or 1))
     floats = [(a, b) for a, b in zip(one_arrays, loop_arrays, strict=True) if a.dtype.kind == "f"]
     diff = max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) for a, b in floats if a.size)
     # Each Adam step moves a parameter by at most about 3.2 x the learning rate: two runs whose gradients differ by
@@ -110,7 +113,7 @@ def test_a_host_envs_run_resumes_bit_exact_and_says_where_it_ran(tmp_path: Path)
     first = next(line for line in out if "run directory" in line)
     assert "rollout: host-envs (envs on the host's CPU, the policy on cpu:0)" in first, first
     hardware = json.loads((finished / "hardware.json").read_text())
-    assert hardware["rollout"] == {"on": "host-envs", "policy_device": "cpu:0"}, hardware
+    assert hardware["rollout"] == {"on": "host-envs", "policy_device": "cpu:0", "actor_threads": 1}, hardware
     resumes_in_a_process_as_it_ran(finished, tmp_path / "resumed", at=2)
 
 

@@ -2,6 +2,7 @@
 iteration (or a chunk of iterations) as one jitted program on the default device (``ppo_eqx.host.mesh
 .MeshPlacement`` is the other)."""
 
+import os
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -113,41 +114,70 @@ def init_state(config: PPOConfig, spec: EnvSpec, collector: Collector, *, conv_i
 
 MEASURED_ROLLOUT: dict[str, str] = {}
 """Device kind (jax's ``Device.device_kind`` of the default device) -> the placement of the rollout that
-``bench/device_check.py`` measured fastest on it (its ``auto_rollout_on``): what ``rollout_on="auto"`` takes there.
-Empty until a machine's measurement is committed: "auto" is "device" everywhere else (on a 2-core AMD EPYC CPU the
-one program was the fastest of the three: bench/results/train_speed_placements.json)."""
+``bench/device_check.py`` measured fastest on it (its ``auto_rollout_on``): what ``rollout_on="auto"`` takes there
+for a task whose step can run inside the device's programs. Empty until a machine's measurement is committed:
+"auto" is "device" there (on a 2-core AMD EPYC CPU the one program was the fastest of the three:
+bench/results/train_speed_placements.json)."""
 
 
-def rollout_place(config: PPOConfig, env_backend: EnvBackend | None = None, spec: EnvSpec | None = None) -> str:
-    """Where ``config.rollout_on`` compiles the rollout on this machine: "device" (the whole iteration one program
-    on the default device), "host" (``split.SplitPlacement``) or "host-envs" (``host_envs.HostEnvsPlacement``).
-    "auto" is "host-envs" for the continuous tasks of a backend with a host API (``spec``'s, where known) where
-    host-envs can run the config: each step's call out of the program costs more than the step itself
-    (bench/results/continuous_placements.json). Otherwise what ``MEASURED_ROLLOUT`` says of this machine's
-    device, else "device"."""
+def compiles_here(env_backend: EnvBackend, platform: str) -> bool:
+    """Whether a program on ``platform`` (jax's backend name: "cpu", "gpu", "tpu") can step ``env_backend``'s envs:
+    EnvPool's and ALE's XLA steps are calls registered for the CPU and CUDA alone (a TPU program that holds one
+    fails to compile); a backend that does not say (``compiles_on``, envs written in JAX) runs anywhere."""
+    platforms = getattr(env_backend, "compiles_on", None)
+    return platforms is None or platform in platforms
+
+
+def rollout_place(
+    config: PPOConfig, env_backend: EnvBackend | None = None, spec: EnvSpec | None = None, *, device: Any = None
+) -> str:
+    """Where ``config.rollout_on`` compiles the rollout on ``device`` (the default device, once the devices are
+    joined; None before, when the plan is checked: nothing is asked of jax then): "device" (the whole iteration one
+    program on the default device), "host" (``split.SplitPlacement``) or "host-envs"
+    (``host_envs.HostEnvsPlacement``). "auto" is "host-envs" for the continuous tasks of a backend with a host API
+    (``spec``'s, where known) where host-envs can run the config: each step's call out of the program costs more
+    than the step itself (bench/results/continuous_placements.json). On a device whose programs cannot step the
+    backend's envs (``compiles_here``: EnvPool's on a TPU) it is "host-envs" where that can run the config, else
+    "host". Otherwise what ``MEASURED_ROLLOUT`` says of the device, else "device"."""
     if config.rollout_on != "auto":
         return config.rollout_on
-    if spec is not None and spec.continuous and env_backend is not None:
-        from .host_envs import check_host_envs
-
-        try:
-            check_host_envs(config, env_backend, spec)
-            return "host-envs"
-        except ConfigError:
-            pass
-    if not MEASURED_ROLLOUT:  # asks no device: a run checks its placement before it joins its processes' devices
+    if env_backend is not None and spec is not None and spec.continuous and _host_envs_runs(config, env_backend, spec):
+        return "host-envs"
+    if device is not None and env_backend is not None and not compiles_here(env_backend, device.platform):
+        return "host-envs" if _host_envs_runs(config, env_backend, spec) else "host"
+    if device is None or not MEASURED_ROLLOUT:
         return "device"
-    return MEASURED_ROLLOUT.get(jax.devices()[0].device_kind, "device")
+    return MEASURED_ROLLOUT.get(device.device_kind, "device")
 
 
-def check_rollout_place(config: PPOConfig, env_backend: EnvBackend, spec: EnvSpec | None = None) -> None:
-    """ConfigError where ``config.rollout_on`` would step on the host's CPU envs that run inside the program, or
-    ask of ``env_backend`` (and the env of ``spec``, where known) what its placement cannot do."""
-    place, rollout_on = rollout_place(config, env_backend, spec), config.rollout_on
+def _host_envs_runs(config: PPOConfig, env_backend: EnvBackend, spec: EnvSpec | None) -> bool:
+    from .host_envs import check_host_envs
+
+    try:
+        check_host_envs(config, env_backend, spec)
+        return True
+    except ConfigError:
+        return False
+
+
+def check_rollout_place(
+    config: PPOConfig, env_backend: EnvBackend, spec: EnvSpec | None = None, *, device: Any = None
+) -> None:
+    """ConfigError where ``config.rollout_on`` would step on the host's CPU envs that run inside the program, ask
+    of ``env_backend`` (and the env of ``spec``, where known) what its placement cannot do, or (once ``device`` is
+    known) compile the envs' step into a program of a device that cannot run it."""
+    place, rollout_on = rollout_place(config, env_backend, spec, device=device), config.rollout_on
     if place != "device" and env_backend.state_is_data:
         raise ConfigError(
             f"rollout_on={rollout_on!r} steps host envs (EnvPool, ALE) on the host's CPU, and {env_backend.name}'s "
             "envs run inside the program; allowed: rollout_on='device' or 'auto'"
+        )
+    if place == "device" and device is not None and not compiles_here(env_backend, device.platform):
+        works = ["host-envs"] if _host_envs_runs(config, env_backend, spec) else []
+        raise ConfigError(
+            f"rollout_on={rollout_on!r} compiles {env_backend.name}'s env step into a {device.platform.upper()} "
+            f"program, and it is a call for {' and '.join(getattr(env_backend, 'compiles_on', ()))} alone; allowed: "
+            f"rollout_on={', '.join(repr(w) for w in ['auto', *works, 'host'])}"
         )
     if place == "host-envs":
         from .host_envs import check_host_envs
@@ -155,20 +185,32 @@ def check_rollout_place(config: PPOConfig, env_backend: EnvBackend, spec: EnvSpe
         check_host_envs(config, env_backend, spec)
 
 
+def default_actor_threads(config: PPOConfig, device: Any) -> int:
+    """``config.actor_threads``, or where it is 0 the count chosen for ``device``: one on a CPU (the policy acts on
+    the cores that step the envs), and on an accelerator one actor for each 8 envs, at most a third of the cores
+    this process may use (each actor's policy call waits on the device while the others' envs step)."""
+    if config.actor_threads:
+        return config.actor_threads
+    if device.platform == "cpu" or config.normalize_obs:
+        return 1
+    return max(1, min(config.num_envs // 8, len(os.sched_getaffinity(0)) // 3))
+
+
 def placement_for(config: PPOConfig, spec: EnvSpec, env_backend: EnvBackend) -> Placement:
     """The placement ``config.rollout_on`` asks for here: ``OneDevice``; the rollout on the host's CPU and the
     learning on the default device (``SplitPlacement``, its rollout's convolutions on the CPU's route); or the envs
-    stepped from a host loop and the rest on the default device (``HostEnvsPlacement``)."""
-    place = rollout_place(config, env_backend, spec)
+    stepped from a host loop by actor threads and the rest on the default device (``HostEnvsPlacement``)."""
+    device = jax.devices()[0]
+    place = rollout_place(config, env_backend, spec, device=device)
+    check_rollout_place(config, env_backend, spec, device=device)
     if place == "device":
         return OneDevice()
-    check_rollout_place(config, env_backend, spec)
     if place == "host-envs":
         from .host_envs import HostEnvsPlacement
 
-        return HostEnvsPlacement()
+        return HostEnvsPlacement(default_actor_threads(config, device))
     from .conv_route import resolve_conv_impl_for
     from .split import SplitPlacement
 
     rollout_conv = resolve_conv_impl_for(config.conv_impl, spec, platform="cpu")  # type: ignore[arg-type]
-    return SplitPlacement(jax.devices("cpu")[0], jax.devices()[0], rollout_conv=rollout_conv)
+    return SplitPlacement(jax.devices("cpu")[0], device, rollout_conv=rollout_conv)

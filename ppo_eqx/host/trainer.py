@@ -37,7 +37,7 @@ from .placement import Placement, Program, placement_for
 from .pools import make_collector, pool_env_seeds
 
 if TYPE_CHECKING:
-    from .host_envs import HostLoop
+    from .host_loop import HostLoop
 
 
 class Dispatch(NamedTuple):

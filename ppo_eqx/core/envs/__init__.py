@@ -149,7 +149,11 @@ class EnvBackend(Protocol):
     state_is_data: bool
     """True when a pool's handle is all of its envs' state, as arrays (gymnax): it is mapped per agent by a plain
     ``vmap``, saved in checkpoints, and the envs live for the whole run. False for EnvPool and ALE, whose envs live
-    on the host behind the handle: those are made afresh at every segment of a run (``host.trainer``)."""
+    on the host behind the handle: those are made afresh at every segment of a run (``host.trainer``).
+
+    Optional beside these: ``compiles_on``, the platforms (jax's backend names, "cpu", "gpu", "tpu") whose programs
+    can hold the pool's step, where it is a call that XLA registers for some alone (EnvPool's and ALE's: "cpu" and
+    "gpu"); a backend without it runs anywhere (``host.placement.compiles_here``)."""
 
     def spec(self, env_id: str) -> EnvSpec:
         """The spec of ``env_id``; ConfigError (naming the id and what is allowed) for an unknown id or one

@@ -137,6 +137,8 @@ class AleBackend:
     rebinds = True
     has_async = False
     state_is_data = False
+    compiles_on = ("cpu", "gpu")
+    """The platforms whose programs can hold ALE's XLA step: calls registered for the CPU and CUDA alone."""
 
     def spec(self, env_id: str) -> EnvSpec:
         return _spec(env_id)

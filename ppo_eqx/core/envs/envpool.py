@@ -173,6 +173,8 @@ class EnvPoolBackend:
     rebinds = False
     has_async = True
     state_is_data = False
+    compiles_on = ("cpu", "gpu")
+    """The platforms whose programs can hold EnvPool's XLA step: a call registered for the CPU and CUDA alone."""
 
     def spec(self, env_id: str) -> EnvSpec:
         return _spec(env_id)

@@ -1,0 +1,293 @@
+"""The host loop of ``--rollout-on host-envs``: EnvPool's envs stepped through its host API by actor threads, each
+with its own pools, acting on the default device (the accelerator) in batches; the rollout's steps gathered on the
+device where the policy acted, then handed to the learner whole.
+
+Each actor thread steps its envs in (at most) two pools, halves, so that one half steps while the policy acts for
+the other; with several actors (``actor_threads``, the Sebulba manner of DeepMind's Podracer and of Cleanba), one
+actor's policy call is on the device while the others' envs step, and the host's cores stay busy. Each step, for
+each half of an actor in turn: receive its envs' step, act on their observations on the device, send the actions
+(``send`` returns at once). What the policy saw and did (observations, actions, log-probabilities, values) is
+written by the act program itself into buffers ``[T, n, ...]`` on the device, in place (donated), so the
+observations cross to the device once; the env's rewards and dones go into host buffers ``[T, N]``. After
+``num_steps`` steps one program takes both, counts the episodes, normalises the rewards (CleanRL's
+``NormalizeReward``) and computes GAE.
+
+It computes what the one-program iteration computes (the same keys split in the same order, the same seeds, each
+half's actions those of its rows of the whole batch: ``rollout``'s ``total_envs``), to float32 rounding: the policy
+sees a half's rows at a time, in a program of its own. The update waits for the whole rollout, and the rollout for
+the update: one set of parameters per rollout, as CleanRL's PPO.
+"""
+
+import concurrent.futures
+import functools
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, PRNGKeyArray
+
+from ..core._types import Batch, EnvOutput, EpisodeStats
+from ..core.envs import HostPool
+from ..core.envs.normalize import Moments, NormalizedHandle, observed, scaled_rewards
+from ..core.gae import compute_gae
+from ..core.networks import ActorCritic
+from ..core.rollout import RolloutCarry, act, count_step
+from .compiled import own_jit, same_static
+
+HOST_ROWS = {
+    "reward": np.float32,
+    "done": np.bool_,
+    "raw_reward": np.float32,
+    "game_over": np.bool_,
+    "truncated": np.bool_,
+}
+"""What the host keeps of each env step: rows ``[T, N]``; the rest of a step is on the device."""
+Steps = dict[str, Array]
+"""One pool's device buffers of a rollout: ``obs`` ``[T, n, ...]`` (as the policy saw them), ``actions``,
+``logprob_value`` ``[T, n, 2]``."""
+
+
+class ActPrograms:
+    """The programs a host loop runs, shared by every segment of a run (they hold no envs): ``keys`` (a rollout's
+    step keys, once), ``act`` (one half's step on the device, written into its buffers), ``observe`` (a rollout's
+    last observations counted and scaled, where they are normalised) and ``stack`` (the rollout's steps stacked,
+    GAE). ``normalize``: ``host_envs.Normalizing`` or None."""
+
+    def __init__(self, pool_sizes: list[int], *, num_steps: int, device: Any, normalize: Any):
+        self.device, self.normalize, self.num_steps = device, normalize, num_steps
+        total = sum(pool_sizes) if len(pool_sizes) > 1 else None
+        # The model is flattened once a rollout and ``act`` takes its leaves: a jitted function of the model itself
+        # would flatten it and compare its structure at every call, most of a step's time on a CPU.
+        self.structure: tuple[Any, Any] | None = None
+        self.impl: Any = None
+        # A trace for each size of pool, and one more where ``act`` also counts and scales observations.
+        traces, most = [0], len(set(pool_sizes)) + int(normalize is not None and normalize.obs)
+
+        def policy(
+            leaves: list[Array], moments: Moments | None, obs: Any, key_data: Any, first: Any
+        ) -> tuple[Moments | None, Array, Array, Float[Array, "N 2"]]:
+            if self.structure is None:
+                raise RuntimeError("the host loop's act program was called before the model's leaves")
+            if moments is not None:  # a step's raw observations: counted, then scaled, as ``normalize_pool`` does
+                moments, obs = observed(moments, jnp.asarray(obs, jnp.float32))
+            treedef, static = self.structure
+            model = eqx.combine(jax.tree.unflatten(treedef, leaves), static)
+            step_key = jax.random.wrap_key_data(key_data, impl=self.impl)  # step t's, as ``rollout`` splits its key
+            action, logprob, value = act(model, obs, step_key, first_env=first, total_envs=total)
+            return moments, obs, action, jnp.stack([logprob, value], axis=-1)
+
+        def act_on(
+            leaves: list[Array], moments: Moments | None, obs: Any, key_data: Any, first: Any, steps: Steps, t: Any
+        ) -> tuple[Moments | None, Steps, Array]:
+            traces[0] += 1
+            if traces[0] > most:
+                raise RuntimeError(f"the host loop's act program was traced {traces[0]} times, at most {most}")
+            moments, seen, action, logprob_value = policy(leaves, moments, obs, key_data, first)
+            written = {"obs": seen, "actions": action, "logprob_value": logprob_value}
+            steps = {name: steps[name].at[t].set(x.astype(steps[name].dtype)) for name, x in written.items()}
+            return moments, steps, action
+
+        def step_keys(key: PRNGKeyArray) -> Array:
+            return jax.random.key_data(jax.random.split(key, num_steps))
+
+        self._policy = policy
+        self.act = jax.jit(act_on, donate_argnums=(5,))
+        self._keys = jax.jit(step_keys)
+        self.observe = jax.jit(observed)
+        self.stack = own_jit(functools.partial(_stacked, normalize=normalize), donate=(1,))
+
+    def keys(self, key: PRNGKeyArray) -> np.ndarray:
+        """The data of ``rollout``'s step keys for ``key``, on the host: row t is step t's."""
+        self.impl = jax.random.key_impl(key)
+        return np.asarray(self._keys(key))
+
+    def leaves(self, model: ActorCritic) -> list[Array]:
+        """``model``'s array leaves, its structure (the same at every call) kept for ``act``."""
+        params, static = eqx.partition(model, eqx.is_array)
+        leaves, treedef = jax.tree.flatten(params)
+        if self.structure is None:
+            self.structure = (treedef, static)
+        elif self.structure[0] != treedef or not same_static(self.structure[1], static):
+            raise RuntimeError("the host loop's act program was called with another model's structure")
+        return leaves
+
+    def device_steps(self, leaves: list[Array], key_data: np.ndarray, first_obs: np.ndarray) -> Steps:
+        """Zeroed device buffers of one pool's rollout, shaped by the policy's outputs on ``first_obs``."""
+        moments = None
+        _, seen, action, logprob_value = jax.eval_shape(self._policy, leaves, moments, first_obs, key_data[0], 0)
+        if self.normalize is not None and self.normalize.obs:
+            seen = jax.ShapeDtypeStruct(seen.shape, jnp.float32)
+        shapes = {"obs": seen, "actions": action, "logprob_value": logprob_value}
+        return {
+            name: jax.device_put(np.zeros((self.num_steps, *x.shape), x.dtype), self.device)
+            for name, x in shapes.items()
+        }
+
+
+class HostLoop:
+    """The envs of one segment: ``actors``, each a list of (at most two) ``HostPool`` halves, their envs in row
+    order; called as a collector's ``collect``: the host loop of one rollout, each actor in a thread of its own
+    (inline where there is one), then ``programs.stack`` on what they gathered."""
+
+    def __init__(self, actors: list[list[HostPool]], programs: ActPrograms, *, num_steps: int):
+        self.programs, self.num_steps = programs, num_steps
+        self.pools = [pool for group in actors for pool in group]
+        sizes = [int(pool.first_obs.shape[0]) for pool in self.pools]
+        self.rows = [slice(sum(sizes[:p]), sum(sizes[: p + 1])) for p in range(len(self.pools))]
+        firsts = np.cumsum([0] + [len(group) for group in actors])
+        self.actors = [list(range(int(a), int(b))) for a, b in zip(firsts[:-1], firsts[1:], strict=True)]
+        self.total = sum(sizes)
+        self.obs = [pool.first_obs for pool in self.pools]
+        self.host: dict[str, np.ndarray] | None = None
+        self.steps: list[Steps] | None = None
+        self._threads = (
+            concurrent.futures.ThreadPoolExecutor(len(actors), thread_name_prefix="ppo-eqx-actor")
+            if len(actors) > 1
+            else None
+        )
+
+    @property
+    def first_obs(self) -> np.ndarray:
+        return np.concatenate([pool.first_obs for pool in self.pools])
+
+    def _act_and_send(
+        self, p: int, t: int, leaves: list[Array], moments: Moments | None, obs: Any, key_data: np.ndarray
+    ) -> Moments | None:
+        """Pool ``p``'s step ``t``: act on ``obs`` (raw, counted and scaled first where ``moments`` are given) and
+        write the step into its buffers on the device, then send the actions."""
+        assert self.steps is not None
+        first = np.int32(self.rows[p].start)
+        moments, self.steps[p], actions = self.programs.act(
+            leaves, moments, obs, key_data, first, self.steps[p], np.int32(t)
+        )
+        self.pools[p].send(np.asarray(actions))
+        return moments
+
+    def _actor(
+        self, pools: list[int], leaves: list[Array], key_data: np.ndarray, moments: Moments | None, first: Any
+    ) -> Moments | None:
+        """One actor's rollout over its ``pools``: each acts for step t + 1 as soon as its step t is received,
+        while the actor's other pool steps. ``first``: the rollout's first observations where they are normalised
+        (one pool: the carry's, counted and scaled already), else None (each pool's last)."""
+        host, steps = self.host, self.num_steps
+        assert host is not None
+        for p in pools:
+            self._act_and_send(p, 0, leaves, None, self.obs[p] if first is None else first, key_data[0])
+        for t in range(steps):
+            for p in pools:
+                out: EnvOutput = self.pools[p].recv()
+                for name in HOST_ROWS:
+                    host[name][t, self.rows[p]] = getattr(out, name)
+                self.obs[p] = np.asarray(out.obs)
+                if t + 1 < steps:
+                    moments = self._act_and_send(p, t + 1, leaves, moments, self.obs[p], key_data[t + 1])
+        return moments
+
+    def __call__(
+        self, model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray, *, gamma: Any, gae_lambda: Any
+    ) -> tuple[RolloutCarry, Batch]:
+        """``Collector.collect``: one rollout with ``key`` (``rollout``'s), its batch with GAE. Where observations
+        are normalised (one actor, one pool), ``act`` counts and scales each step's as it comes back (the rollout's
+        first are ``carry.obs``, counted and scaled already)."""
+        programs = self.programs
+        leaves, key_data = programs.leaves(model), programs.keys(key)
+        self._ready(leaves, key_data)
+        observing = isinstance(carry.handle, NormalizedHandle) and programs.normalize.obs
+        moments: Moments | None = carry.handle.obs if observing else None
+        first = np.asarray(carry.obs) if observing else None
+        if self._threads is None:
+            moments = self._actor(self.actors[0], leaves, key_data, moments, first)
+        else:  # normalised observations have one actor: no moments cross the threads
+            futures = [self._threads.submit(self._actor, pools, leaves, key_data, None, None) for pools in self.actors]
+            for future in futures:
+                future.result()
+        if moments is not None:
+            moments, last_obs = programs.observe(moments, self.obs[0])
+            handle = carry.handle._replace(obs=moments)
+        else:
+            last_obs, handle = jax.device_put(np.concatenate(self.obs), programs.device), carry.handle
+        # jax may read the host's NumPy buffers in place: they are written again only after the next rollout's first
+        # ``act`` has returned, and it waits for the update that waits for this program.
+        return programs.stack(model, carry.stats, handle, self.host, self.steps, last_obs, gamma, gae_lambda)
+
+    def _ready(self, leaves: list[Array], key_data: np.ndarray) -> None:
+        """The host buffers of a rollout's env steps and each pool's device buffers, made once."""
+        if self.host is None:
+            self.host = {name: np.zeros((self.num_steps, self.total), dtype) for name, dtype in HOST_ROWS.items()}
+        if self.steps is None:
+            self.steps = [self.programs.device_steps(leaves, key_data, obs) for obs in self.obs]
+
+    def compile(self, model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray, hyperparameters: Any) -> Any:
+        """Compile ``act`` (for each size of pool), ``observe`` and ``stack`` for states like these; returns the
+        shapes of what a call returns."""
+        programs = self.programs
+        leaves, key_data = programs.leaves(model), programs.keys(key)
+        self._ready(leaves, key_data)
+        assert self.steps is not None
+        # A call of ``act`` on zeros for each pool, as the loop calls it (``lower`` with shapes alone would compile
+        # another entry of jax's caches than the call finds); what it writes is overwritten by the first rollout.
+        for p, obs in enumerate(self.obs):
+            _, self.steps[p], _ = programs.act(
+                leaves, None, np.zeros_like(obs), key_data[0], np.int32(0), self.steps[p], np.int32(0)
+            )
+        handle = carry.handle
+        if isinstance(handle, NormalizedHandle) and programs.normalize and programs.normalize.obs:
+            zeros = np.zeros_like(self.obs[0])
+            _, self.steps[0], _ = programs.act(
+                leaves, handle.obs, zeros, key_data[0], np.int32(0), self.steps[0], np.int32(0)
+            )
+            programs.observe(handle.obs, zeros)
+        h = hyperparameters
+        args = (model, carry.stats, handle, self.host, self.steps, carry.obs, h.gamma, h.gae_lambda)
+        programs.stack.compile(*args)
+        on_device = jax.sharding.SingleDeviceSharding(programs.device)  # as the stacking program's outputs are
+        shapes = jax.eval_shape(functools.partial(_stacked, normalize=programs.normalize), *args)
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_device), shapes)
+
+    def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+        for pool in self.pools:
+            pool.close()
+
+
+def _stacked(
+    model: ActorCritic,
+    stats: EpisodeStats,
+    handle: Any,
+    host: dict[str, Array],
+    pools: list[Steps],
+    last_obs: Array,
+    gamma: Any,
+    gae_lambda: Any,
+    *,
+    normalize: Any,
+) -> tuple[RolloutCarry, Batch]:
+    """The rollout's steps (``HostLoop``'s host buffers ``[T, N]`` and each pool's device buffers ``[T, n, ...]``,
+    joined along the envs) as ``rollout`` returns them, its episodes counted, its rewards normalised (where
+    ``normalize.reward``, as ``normalize_pool`` does, step by step) and GAE computed (``collect``)."""
+    steps = {name: jnp.concatenate([pool[name] for pool in pools], axis=1) for name in pools[0]}
+    logprobs, values = steps["logprob_value"][..., 0], steps["logprob_value"][..., 1]
+
+    def count(stats: EpisodeStats, row: tuple[Float[Array, " N"], Bool[Array, " N"]]) -> tuple[EpisodeStats, None]:
+        return count_step(stats, *row), None
+
+    stats, _ = jax.lax.scan(count, stats, (host["raw_reward"], host["game_over"]))
+    rewards = host["reward"]
+    if normalize is not None and normalize.reward:
+
+        def scale(carry: tuple[Moments, Array], row: tuple[Array, Array, Array]) -> tuple[tuple[Moments, Array], Array]:
+            reward, done, truncated = row
+            moments, discounted, scaled = scaled_rewards(*carry, reward, done & ~truncated, gamma=normalize.gamma)
+            return (moments, discounted), scaled
+
+        (return_moments, discounted), rewards = jax.lax.scan(
+            scale, (handle.returns, handle.discounted), (rewards, host["done"], host["truncated"])
+        )
+        handle = handle._replace(returns=return_moments, discounted=discounted)
+    _, last_value = model(last_obs)
+    advantages, returns = compute_gae(rewards, values, host["done"], last_value, gamma=gamma, gae_lambda=gae_lambda)
+    batch = Batch(steps["obs"], steps["actions"], logprobs, values, advantages, returns)
+    return RolloutCarry(handle, last_obs, stats), batch
