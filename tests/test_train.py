@@ -149,3 +149,51 @@ def test_each_record_times_its_own_iteration_when_the_dispatch_runs_it(monkeypat
     for record in records:
         assert record["sps"] == pytest.approx(10_240), record
     assert records[-1]["time_elapsed"] == pytest.approx(0.25)
+
+
+class _Late:
+    """A metric of a program whose update ends ``ready_at`` on ``clock``: not ready before, and read (``device_get``)
+    by waiting for it."""
+
+    def __init__(self, value: object, ready_at: float, clock: _Clock):
+        self.value, self.ready_at, self.clock = np.asarray(value), ready_at, clock
+
+    def is_ready(self) -> bool:
+        return self.clock.now >= self.ready_at
+
+    def copy_to_host_async(self) -> None:
+        self.clock.now = max(self.clock.now, self.ready_at)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.value
+
+
+class _HostLoopTrainer(_SleepingTrainer):
+    """Each dispatch runs a rollout of ``seconds`` on the host, then dispatches an update that ends ``update``
+    seconds later (``--rollout-on host-envs`` and ``host`` on an accelerator)."""
+
+    def __init__(self, seconds: float, update: float, iterations: int, clock: _Clock):
+        super().__init__(seconds, iterations, clock)
+        self.update = update
+
+    def dispatch(self, until=None):
+        from ppo_eqx.host.trainer import Dispatch
+
+        self.clock.now += self.seconds
+        self.iteration += 1
+        metrics = {name: _Late(value, self.clock.now + self.update, self.clock) for name, value in self.metrics.items()}
+        return Dispatch(self.iteration, 1, metrics, False, overlaps=False)
+
+
+def test_each_record_times_its_own_iteration_when_a_host_loop_runs_it(monkeypatch: pytest.MonkeyPatch):
+    from ppo_eqx.host import loop
+
+    clock = _Clock()
+    monkeypatch.setattr(loop, "time", clock)
+    trainer = _HostLoopTrainer(seconds=0.04, update=0.01, iterations=5, clock=clock)
+    records = [records[0] for records in loop.run_agents(trainer)]
+    assert [r["iteration"] for r in records] == [1, 2, 3, 4, 5]
+    # 512 steps in 0.04 + 0.01 s each, the last too: not the next rollout's time, not the last update's alone.
+    for record in records:
+        assert record["sps"] == pytest.approx(10_240), record
+    assert records[-1]["time_elapsed"] == pytest.approx(0.25)

@@ -168,6 +168,7 @@ class _HostEnvsProgram:
     """One iteration a call (``Program.length`` 1): the host loop, then the learning program."""
 
     length = 1
+    host_loop = True
 
     def __init__(self, collector: Collector, learning: _LearnPrograms, turns: threading.Lock):
         assert isinstance(collector.collect, HostLoop)

@@ -64,7 +64,8 @@ def run_agents(
 
     The loop never waits for the device between programs: the program after the one ending at iteration k is
     dispatched before k's metrics are read, unless ``pause(k)`` is True (the caller will read the state after k:
-    a checkpoint), in which case ``trainer.state`` is that of iteration k when k's records are yielded. Otherwise
+    a checkpoint), in which case ``trainer.state`` is that of iteration k when k's records are yielded, or the
+    program runs a host loop (``Dispatch.overlaps``). Each record's ``sps`` is its iteration's own. Otherwise
     it may be ahead (``trainer.iteration``): keep iterating to receive those iterations' records. With programs of
     several iterations, ``pause`` is asked at each program's end, and their records come together after it.
     """
@@ -80,7 +81,10 @@ def run_agents(
         # its dispatch, as XLA:CPU does with EnvPool's step), else once its metrics arrive.
         before_ahead = time.perf_counter()
         done = all(leaf.is_ready() for leaf in jax.tree.leaves(pending.metrics))
-        ahead = trainer.dispatch(total) if end < total and not pause(end) else None
+        paused = end < total and pause(end)
+        # A program whose dispatch runs a host loop is followed once its metrics are read: the next one's loop waits
+        # for its update anyway, and its time ends where its update does, not after the next one's rollout.
+        ahead = trainer.dispatch(total) if end < total and not paused and pending.overlaps else None
         rows = pending.rows(jax.device_get(pending.metrics))
         now = before_ahead if done else time.perf_counter()
         for iteration, metrics in enumerate(rows, start=end - pending.count + 1):

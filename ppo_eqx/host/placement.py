@@ -33,6 +33,9 @@ class Program(Protocol):
 
     def __call__(self, state: TrainState, count: int = 1) -> tuple[TrainState, Metrics]: ...
     def prime(self, state: TrainState) -> TrainState: ...
+
+    # Optional: ``host_loop``, True where a call runs the rollout on the host before it returns (the update dispatched
+    # after it): the host loop reads its metrics before it dispatches the next (``Dispatch.overlaps``).
     def compile(self, state: TrainState) -> None: ...
 
 

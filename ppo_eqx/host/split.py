@@ -65,6 +65,7 @@ class _SplitProgram:
     on the learning device, each compiled once (``own_jit``)."""
 
     length = 1
+    host_loop = True
 
     def __init__(self, placement: SplitPlacement, collector: Collector, sizes: Sizes, loss: Loss):
         self.placement, self.collector, self.sizes = placement, collector, sizes

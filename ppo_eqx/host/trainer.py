@@ -49,6 +49,9 @@ class Dispatch(NamedTuple):
     count: int
     metrics: Metrics
     stacked: bool
+    overlaps: bool = True
+    """Whether the next program may be dispatched before these metrics are read: False where the program's dispatch
+    runs a host loop (``Program.host_loop``), which waits for this one's update anyway."""
 
     def rows(self, fetched: dict[str, Any]) -> list[dict[str, Any]]:
         """Each iteration's metrics, oldest first, from ``jax.device_get(self.metrics)``."""
@@ -188,7 +191,7 @@ class Trainer:
         renew = not self.backend.state_is_data and self.iteration % every == 0
         if renew and self.iteration < config.num_iterations:
             self._new_envs(self.iteration)
-        return Dispatch(self.iteration, count, metrics, program.length > 1)
+        return Dispatch(self.iteration, count, metrics, program.length > 1, not getattr(program, "host_loop", False))
 
     def _new_envs(self, iteration: int) -> None:
         if self._next is None:
