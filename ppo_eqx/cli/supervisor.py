@@ -38,6 +38,9 @@ from .schedule import checkpoint_reason, is_boundary, stops_after
 from .writers import WandbRun, Writers
 
 MOVED = "moved"
+DETERMINISTIC = ("INVALID_ARGUMENT", "UNIMPLEMENTED", "FAILED_PRECONDITION", "OUT_OF_RANGE", "NOT_FOUND")
+"""XLA's statuses of a fault that comes back on the same program and machine (a program that cannot compile, an
+operation the device lacks): no advice to run it again."""
 """The stop request of a run whose directory's path no longer leads to it (``RunDirectory.in_place``)."""
 
 
@@ -150,7 +153,9 @@ class Supervisor:
                 self._loop()
                 return self._end()
             except jax.errors.JaxRuntimeError as error:  # out of memory, a device lost: XLA's own, many lines
-                raise RunError(f"{(str(error).splitlines() or [type(error).__name__])[0]}; {self._kept()}") from None
+                line = (str(error).splitlines() or [type(error).__name__])[0]
+                again = not line.startswith(DETERMINISTIC)
+                raise RunError(f"{line}; {self._kept(again)}") from None
             except KeyboardInterrupt:
                 raise RunError(
                     f"interrupted twice, stopped at once; continue from {self.last_checkpoint} with: "
@@ -274,15 +279,18 @@ class Supervisor:
             reason = getattr(error, "strerror", None) or (str(error).splitlines() or [type(error).__name__])[0]
             raise RunError(f"a writer of {self.plan.run_dir} failed: {reason}; {self._kept()}")
 
-    def _kept(self) -> str:
+    def _kept(self, again: bool = True) -> str:
         """What a fault leaves, and how to go on from it: ``--resume`` from the last checkpoint, or, where none was
-        written, the same command again (nothing was trained) or ``--overwrite`` (metrics without a checkpoint)."""
+        written, the same command again (nothing was trained; where ``again``: a fault that may not come back) or
+        ``--overwrite`` (metrics without a checkpoint)."""
         run_dir = self.plan.run_dir
         if self.last_checkpoint:
-            return (
-                f"the last checkpoint {self.last_checkpoint} is intact; continue with: ppo-eqx train --resume {run_dir}"
-            )
+            resume = f"ppo-eqx train --resume {run_dir}"
+            how = f"continue with: {resume}" if again else f"{resume} meets this fault again on this machine"
+            return f"the last checkpoint {self.last_checkpoint} is intact; {how}"
         if not self.writes or never_trained(run_dir):
+            if not again:
+                return "no checkpoint was written and nothing was kept; the same command fails the same way here"
             return "no checkpoint was written and nothing was kept: run the same command again"
         return f"no checkpoint was written: start the run afresh with --overwrite (its metrics in {run_dir} go with it)"
 
