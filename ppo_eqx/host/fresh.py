@@ -3,9 +3,10 @@
 load into (``checkpoint.load_checkpoint``)."""
 
 import functools
-from typing import cast
+from typing import Any, cast
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
@@ -33,7 +34,9 @@ def fresh_agents(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> C
     network_init = cast(NetworkInit, config.network_init)  # validate() allows only NETWORK_INITS
     hyperparameters = config.agent_hyperparameters()
     if config.num_agents == 1:
-        program = _one_agent_program(spec, config.num_envs, config.sizes, conv_impl, network_init)
+        # One program per default device: jax traces a function again under another one (``jax.default_device``).
+        device = jax.config.jax_default_device
+        program = _one_agent_program(spec, config.num_envs, config.sizes, conv_impl, network_init, device)
         return program(jnp.asarray(config.seed, jnp.int32), hyperparameters)
     seeds = jnp.asarray([agent.seed for agent in config.agent_configs()])
     return init_agents(
@@ -53,7 +56,7 @@ ONE_AGENT_PROGRAMS = 8
 
 @functools.lru_cache(maxsize=ONE_AGENT_PROGRAMS)
 def _one_agent_program(
-    spec: EnvSpec, num_envs: int, sizes: Sizes, conv_impl: ConvRoute, network_init: NetworkInit
+    spec: EnvSpec, num_envs: int, sizes: Sizes, conv_impl: ConvRoute, network_init: NetworkInit, device: Any
 ) -> OwnJit:
     """One agent's fresh state as a program of its seed (an int32 array: ``PRNGKey`` of it is ``PRNGKey`` of the
     int) and hyperparameters, kept for the next trainer of a model like it in this process (a notebook, a test
