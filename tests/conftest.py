@@ -20,7 +20,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # The tiers (registered in pyproject.toml): each test is in exactly one, so that `pytest -m unit` is a
 # complete fast loop and a new test says what it costs. A module's `pytestmark` names its tier; a test
 # marked otherwise itself is in that tier instead.
-TIERS = ("unit", "compile", "envpool", "subprocess")
+TIERS = ("unit", "compile", "envpool", "subprocess", "tpu")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects, so that it sees each test's one tier
@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             node.own_markers[:] = [mark for mark in node.own_markers if mark.name not in TIERS]
     if wrong:
         raise pytest.UsageError(
-            "every test is in exactly one tier, pytest.mark.unit, .compile, .envpool or .subprocess (pyproject.toml "
+            "every test is in exactly one tier, pytest.mark.unit, .compile, .envpool, .subprocess or .tpu (pyproject.toml "
             "says which): a module's `pytestmark = pytest.mark.unit`, and a decorator on each test that differs:\n"
             + "\n".join(wrong)
         )
