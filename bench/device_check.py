@@ -24,6 +24,10 @@ each including about 5-10 s of process start and jax/CUDA initialisation; the JS
   route: setup (envs and tracing), compile time, env steps/s of the timed iterations after warm-up, the median
   iteration, peak device memory (``peak_bytes_in_use``; None where the backend keeps no statistics, as the
   CPU), peak RSS, and the projected minutes for 10M steps (``(1e7 / steps_per_s + compile_s) / 60``).
+- ``host_envs_NxT_actors_K`` (one process, about 20 s a setting on a TPU): ``--rollout-on host-envs`` with K actor
+  threads for each of ``actor_grid`` (CleanRL's 8 envs at 1 to 8 actors, and 64 envs x 32 steps in minibatches of
+  256): env steps/s, and the share of an iteration that the host loop's rollout takes. Beside EnvPool's own host
+  step for the same env counts (``host_step``): the host's ceiling.
 - ``gymnax_cartpole_1``, ``gymnax_cartpole_64`` (about 30 s each, where gymnax is installed): the env in the
   program (``--env-backend gymnax``): CartPole-v1 with its preset (CleanRL's ppo.py, 499,712 steps an agent) for
   1 and 64 seeds, the whole run as one program; compile and run seconds apart, and the final return.
@@ -31,6 +35,13 @@ each including about 5-10 s of process start and jax/CUDA initialisation; the JS
   pool of S x 8 envs); steps/s of all agents together and per agent; the projection is for every agent to reach
   10M steps.
 - ``async`` (about 45 s): EnvPool's async pool at CleanRL's batch size (16 envs, 8 per receive, 128 steps).
+
+On a device whose programs cannot hold EnvPool's XLA step (a TPU: it is a CPU and CUDA call), the parts that
+compile it (``env_only``, the device route's train parts, ``async``, ``seeds_*``, CleanRL's script) are recorded as
+``cannot-run`` with the reason, not tried; the parts that never use the device run with ``JAX_PLATFORMS=cpu``.
+On the TPU machine (``../shared/tpu/README.md``)::
+
+    python bench/device_check.py --budget-s 420 --json bench/results/device_check_tpu_v5e.json
 
 A global budget (``--budget-s``: 450 s; 360 s with ``--quick``, for a loaded CPU) bounds the whole run: each
 part may use at most what is left of it (and ``--part-timeout-s``), and the parts that no longer fit are
@@ -82,6 +93,12 @@ class Settings:
     host_sizes: tuple[int, ...] = (8, 64)  # EnvPool's own host step, ALE's vector env, the XLA step on the CPU
     host_threads: tuple[int, ...] = (0, 2, 4, 8)  # 0: EnvPool's default (one per env, at most the cores)
     host_steps: int = 200
+    # host-envs' actor threads (issue 49): (num_envs, num_steps, num_minibatches, actor_threads), one process. CleanRL's
+    # settings at 1 to 8 actors, and 64 envs at CleanRL's update density (minibatches of 256, 4 epochs).
+    actor_grid: tuple[tuple[int, int, int, int], ...] = (
+        (8, 128, 4, 1), (8, 128, 4, 2), (8, 128, 4, 4), (8, 128, 4, 8), (64, 32, 8, 2), (64, 32, 8, 4), (64, 32, 8, 8),
+    )  # fmt: skip
+    actor_iterations: int = 10
     atari57_games: int = 8  # the plan's first runs, measured together for atari57_measure_s
     atari57_measure_s: float = 60.0
     budget_s: float = 450.0
@@ -109,6 +126,8 @@ QUICK = Settings(
     host_sizes=(8,),
     host_threads=(0, 2),
     host_steps=20,
+    actor_grid=((4, 16, 2, 2),),
+    actor_iterations=2,
     atari57_games=1,
     atari57_measure_s=5.0,
     budget_s=360.0,
@@ -278,6 +297,57 @@ def train_part(
     }
 
 
+def host_envs_grid_part(settings: Settings) -> list[dict[str, Any]]:
+    """``--rollout-on host-envs`` for each of ``settings.actor_grid`` in one process (one start of the device): env
+    steps/s of the timed iterations after warm-up, and the share of each iteration that the host loop's rollout
+    took (the rest waits for the update on the device)."""
+    import jax
+    from _common import device_memory_mib
+
+    from ppo_eqx import PPOConfig, Trainer
+
+    rows = []
+    for num_envs, num_steps, num_minibatches, actors in settings.actor_grid:
+        row: dict[str, Any] = {
+            "part": f"host_envs_{num_envs}x{num_steps}_actors_{actors}",
+            "num_envs": num_envs,
+            "num_steps": num_steps,
+            "num_minibatches": num_minibatches,
+            "actor_threads": actors,
+        }
+        try:
+            config = PPOConfig(
+                env_id=settings.env_id, num_envs=num_envs, num_steps=num_steps, num_minibatches=num_minibatches,
+                update_epochs=settings.update_epochs, rollout_on="host-envs", actor_threads=actors,
+                total_timesteps=num_envs * num_steps * (settings.warmup + settings.actor_iterations),
+                checkpoint_every=10**9,
+            ).validate()  # fmt: skip
+            start = time.perf_counter()
+            with Trainer(config) as trainer:
+                compile_s = trainer.compile()
+                for _ in range(settings.warmup):
+                    jax.block_until_ready(trainer.dispatch().metrics)
+                rollouts, totals = [], []
+                for _ in range(settings.actor_iterations):
+                    start = time.perf_counter()
+                    dispatched = trainer.dispatch()
+                    rollouts.append(time.perf_counter() - start)
+                    jax.block_until_ready(dispatched.metrics)
+                    totals.append(time.perf_counter() - start)
+            row.update(
+                status="ok",
+                compile_s=compile_s,
+                env_steps_per_s=config.batch_size * len(totals) / sum(totals),
+                rollout_share=sum(rollouts) / sum(totals),
+                median_iteration_s=statistics.median(totals),
+                device_peak_mib=device_memory_mib(),
+            )
+        except Exception as error:  # one setting failing leaves the others measured
+            row.update(status="error", error=f"{type(error).__name__}: {error}")
+        rows.append(row)
+    return rows
+
+
 def gymnax_part(settings: Settings, *, num_seeds: int) -> dict[str, Any]:
     """The env in the program: ``settings.gymnax_env_id`` with its preset, the whole run as one dispatch."""
     import jax
@@ -331,10 +401,17 @@ def run_part(kind: str, settings: Settings, options: dict[str, Any]) -> Any:
         return train_part(settings, **options)
     if kind == "gymnax":
         return gymnax_part(settings, **options)
+    if kind == "host_envs_grid":
+        return host_envs_grid_part(settings)
     raise ValueError(f"unknown part {kind!r}")
 
 
 # --- The parent: runs the parts one after another in fresh processes, within the budget.
+
+
+PROGRAM_PLATFORMS = ("cpu", "gpu")
+"""Where a program can hold EnvPool's XLA step (``ppo_eqx.core.envs.envpool``'s ``compiles_on``): elsewhere (a TPU)
+the parts that compile it are recorded as ``cannot-run``, not tried."""
 
 
 def measurement_parts(
@@ -342,19 +419,27 @@ def measurement_parts(
 ) -> list[tuple[str, str, dict[str, Any]]]:
     """(name, kind, options) of every part after the environment, in the order they run: first where the env
     step's time goes (EnvPool's host step, its XLA step on the device and on the host's CPU, ALE's), then
-    CleanRL's configuration on each placement of the rollout, CleanRL's own script beside it and the 57-game plan,
-    then the rest (the budget skips what no longer fits, from the end)."""
+    CleanRL's configuration on each placement of the rollout, host-envs' actor threads, CleanRL's own script beside
+    it and the 57-game plan, then the rest (the budget skips what no longer fits, from the end). On a device whose
+    programs cannot hold EnvPool's XLA step, the parts that compile it are of kind ``cannot`` (recorded with why)."""
     auto = environment.get("auto_conv_impl", "xla")
+    backend = environment.get("backend", "cpu")
+    in_program = backend in PROGRAM_PLATFORMS
+    cannot = {"note": f"EnvPool's XLA step is a CPU and CUDA call: a {backend.upper()} program cannot hold it"}
     parts: list[tuple[str, str, dict[str, Any]]] = [("host_step", "host_step", {"library": "envpool"})]
-    parts += [("env_only", "env_only", {}), ("env_only_cpu", "env_only", {"on": "cpu"})]
+    parts += [("env_only", "env_only", {}) if in_program else ("env_only", "cannot", cannot)]
+    parts.append(("env_only_cpu", "env_only", {"on": "cpu"}))
     if importlib.util.find_spec("ale_py") is not None:
         parts.append(("ale_vector", "host_step", {"library": "ale"}))
     parts += [
-        (f"train_{auto}", "train", {"conv_impl": auto}),
+        (f"train_{auto}", "train", {"conv_impl": auto}) if in_program else (f"train_{auto}", "cannot", cannot),
         (f"train_{auto}_rollout_on_host", "train", {"conv_impl": auto, "rollout_on": "host"}),
         (f"train_{auto}_rollout_on_host_envs", "train", {"conv_impl": auto, "rollout_on": "host-envs"}),
+        ("host_envs_actors", "host_envs_grid", {}),
     ]
-    if peers.get("cleanrl_script"):
+    if peers.get("cleanrl_script") and not in_program:
+        parts.append(("cleanrl_side_by_side", "cannot", {"note": "CleanRL's script compiles EnvPool's XLA step"}))
+    elif peers.get("cleanrl_script"):
         args = ["--cleanrl-script", peers["cleanrl_script"], "--cleanrl-python", peers["cleanrl_python"]]
         args += ["--iterations", str(max(3, settings.warmup + settings.iterations // 3)), "--conv-impl", auto]
         args += [
@@ -374,11 +459,12 @@ def measurement_parts(
     if settings.quick:  # the parts below have run on a GPU machine before, and each has its own tests on a CPU
         return parts
     routes = [route for route in ("xla", "matmul", "kernel") if route != auto]
-    if not (environment.get("backend") == "cpu" and auto == "kernel"):
+    if not (backend == "cpu" and auto == "kernel"):
         routes.remove("kernel")  # the CPU kernel exists on the CPU only, and only where it builds
-    parts += [(f"train_{route}", "train", {"conv_impl": route}) for route in routes]
-    parts.append(("async", "train", {"conv_impl": auto, "async_batch_size": settings.async_batch_size}))
-    parts += [(f"seeds_{s}", "train", {"conv_impl": auto, "num_seeds": s}) for s in settings.seeds]
+    device_parts = [(f"train_{route}", "train", {"conv_impl": route}) for route in routes]
+    device_parts.append(("async", "train", {"conv_impl": auto, "async_batch_size": settings.async_batch_size}))
+    device_parts += [(f"seeds_{s}", "train", {"conv_impl": auto, "num_seeds": s}) for s in settings.seeds]
+    parts += device_parts if in_program else [(name, "cannot", cannot) for name, _, _ in device_parts]
     if importlib.util.find_spec("gymnax") is not None:
         name = settings.gymnax_env_id.split("-")[0].lower()
         parts += [(f"gymnax_{name}_{s}", "gymnax", {"num_seeds": s}) for s in settings.gymnax_seeds]
@@ -390,8 +476,11 @@ def spawn_part(kind: str, settings: Settings, options: dict[str, Any], timeout_s
     command = [sys.executable, str(HERE), "--part", kind, "--settings", json.dumps(asdict(settings))]
     command += ["--options", json.dumps(options)]
     start = time.perf_counter()
+    # Parts that never use the accelerator run without opening it (a TPU's start costs 15 s a process).
+    host_only = kind == "host_step" or (kind == "env_only" and options.get("on") == "cpu")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"} if host_only else None
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"timed out after {timeout_s:.0f} s") from None
     seconds = time.perf_counter() - start
@@ -414,6 +503,9 @@ def run_parts(
 
     def attempt(name: str, kind: str, options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         """The part's result (None unless it ran) and its status row."""
+        if kind == "cannot":
+            print(f"# {name}: cannot run here: {options['note']}", flush=True)
+            return None, {"part": name, "status": "cannot-run", "note": options["note"]}
         left = deadline - time.perf_counter()
         if left < MIN_PART_S:
             note = f"skipped: {left:.0f} s of the {settings.budget_s:.0f} s budget left"
@@ -434,7 +526,7 @@ def run_parts(
         result, row = attempt(name, kind, options)
         if result is None:
             measured = [row]
-        elif kind in ("env_only", "host_step"):
+        elif kind in ("env_only", "host_step", "host_envs_grid"):
             measured = result  # one row per pool size (and threads), each with its own status
         elif kind == "script":
             measured = [{**row, **script_summary(result)}]

@@ -63,7 +63,8 @@ def test_quick_runs_every_part_with_finite_numbers(tmp_path: Path) -> None:
     auto = environment["auto_conv_impl"]
     ale = ["ale_vector_8_t0"] if importlib.util.find_spec("ale_py") else []
     expected = [*HOST, "env_only_8", "env_only_16", "env_only_cpu_8", *ale, f"train_{auto}"]
-    expected += [f"train_{auto}_rollout_on_host", f"train_{auto}_rollout_on_host_envs", "cleanrl_side_by_side"]
+    expected += [f"train_{auto}_rollout_on_host", f"train_{auto}_rollout_on_host_envs", "host_envs_4x16_actors_2"]
+    expected += ["cleanrl_side_by_side"]
     expected += ["atari57_plan"]
     assert [row["part"] for row in rows] == expected == header["parts"]
     for row in rows:
@@ -112,3 +113,22 @@ def test_a_failing_part_is_an_error_string() -> None:
     device_check = load_bench_script("device_check")
     with pytest.raises(RuntimeError, match="exit status 1: .*unknown part 'no such part'"):
         device_check.spawn_part("no such part", device_check.QUICK, {}, timeout_s=120)
+
+
+@pytest.mark.unit
+def test_on_a_tpu_the_parts_that_compile_envpools_step_are_recorded_as_cannot_run() -> None:
+    device_check = load_bench_script("device_check")
+    tpu = {"backend": "tpu", "auto_conv_impl": "xla", "device_kind": "TPU v5 lite"}
+    peers = {"cleanrl_script": "cleanrl.py", "cleanrl_python": "python"}
+    parts = {
+        name: (kind, options) for name, kind, options in device_check.measurement_parts(device_check.FULL, tpu, peers)
+    }
+    cannot = {name for name, (kind, _) in parts.items() if kind == "cannot"}
+    assert cannot == {"env_only", "train_xla", "cleanrl_side_by_side", "train_matmul", "async", "seeds_4", "seeds_8"}
+    assert all("XLA step" in parts[name][1]["note"] for name in cannot)
+    ran = {name for name in parts if name not in cannot}
+    assert {"host_step", "env_only_cpu", "train_xla_rollout_on_host", "train_xla_rollout_on_host_envs"} <= ran
+    assert "host_envs_actors" in ran and "atari57_plan" in ran  # the CLI's auto takes host-envs there
+    gpu = {**tpu, "backend": "gpu"}
+    kinds = [kind for _, kind, _ in device_check.measurement_parts(device_check.FULL, gpu, peers)]
+    assert "cannot" not in kinds
