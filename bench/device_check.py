@@ -433,7 +433,8 @@ def measurement_parts(
         parts.append(("ale_vector", "host_step", {"library": "ale"}))
     parts += [
         (f"train_{auto}", "train", {"conv_impl": auto}) if in_program else (f"train_{auto}", "cannot", cannot),
-        (f"train_{auto}_rollout_on_host", "train", {"conv_impl": auto, "rollout_on": "host"}),
+        # The host's rollout takes the CPU's own route for "auto" (matmul, or the kernel where it is built).
+        (f"train_{auto}_rollout_on_host", "train", {"conv_impl": "auto", "rollout_on": "host"}),
         (f"train_{auto}_rollout_on_host_envs", "train", {"conv_impl": auto, "rollout_on": "host-envs"}),
         ("host_envs_actors", "host_envs_grid", {}),
     ]

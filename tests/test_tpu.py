@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import ppo_eqx
+from ppo_eqx.cli import main
 from ppo_eqx.core.envs import backend
 from ppo_eqx.host.host_envs import HostEnvsPlacement
 from ppo_eqx.host.placement import OneDevice, placement_for, rollout_place
@@ -70,7 +71,7 @@ def test_auto_steps_envpool_from_the_host_on_a_tpu() -> None:
 def test_the_device_route_with_envpool_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
     run = tmp_path / "run"
     args = ["train", "--env-id", "Breakout-v5", "--rollout-on", "device", "--run-dir", str(run), "--no-progress"]
-    assert ppo_eqx.cli.main(args) == 2
+    assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "into a TPU program" in err[0] and "allowed: rollout_on='auto', 'host-envs'" in err[0]
     assert not run.exists()
