@@ -27,6 +27,12 @@ measured side by side, on the same machine in the same minutes.
 
     python bench/train_speed.py --rollout-on device host host-envs --rounds 3 \
         --json bench/results/train_speed_placements.json
+
+``host-envs:K`` names host-envs with K actor threads (``--actor-threads``; plain ``host-envs`` takes the machine's
+choice, one on a CPU):
+
+    python bench/train_speed.py --rollout-on device host-envs:1 host-envs:2 --rounds 3 \
+        --json bench/results/train_speed_actors.json
 """
 
 import argparse
@@ -71,9 +77,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--rollout-on",
         nargs="+",
-        choices=ROLLOUT_PLACES,
+        type=placement_arg,
         default=["auto"],
-        help="the placements of the rollout to time (PPOConfig.rollout_on), in turn, each round",
+        help="the placements of the rollout to time (PPOConfig.rollout_on; host-envs:K for K actor threads), in "
+        "turn, each round",
     )
     parser.add_argument("--rounds", type=int, default=1, help="rounds over the placements, alternated")
     parser.add_argument(
@@ -83,6 +90,20 @@ def parse_args() -> argparse.Namespace:
         help="EnvPool's async mode: envs per receive, a divisor of --num-envs below it (default: 0, synchronous)",
     )
     return parser.parse_args()
+
+
+def placement_arg(text: str) -> str:
+    """A placement of ``ROLLOUT_PLACES``, or ``host-envs:K`` (host-envs with K actor threads)."""
+    place, _, actors = text.partition(":")
+    if place not in ROLLOUT_PLACES or (actors and (place != "host-envs" or not actors.isdigit() or int(actors) < 1)):
+        raise argparse.ArgumentTypeError(f"{text!r}; allowed: {', '.join(ROLLOUT_PLACES)}, or host-envs:K (K >= 1)")
+    return text
+
+
+def placed_config(config: PPOConfig, place: str) -> PPOConfig:
+    """``config`` on the placement ``place`` names (``placement_arg``)."""
+    rollout_on, _, actors = place.partition(":")
+    return config.replace(rollout_on=rollout_on, actor_threads=int(actors or config.actor_threads))
 
 
 @dataclasses.dataclass
@@ -151,7 +172,8 @@ def result_row(config: PPOConfig, loop: LoopTimes, env_sps: float, limit: float)
     loop_sps = config.batch_size * len(step_times) / sum(step_times)
     return {
         "env_id": config.env_id,
-        "rollout_on": config.rollout_on,
+        "rollout_on": config.rollout_on if not config.actor_threads else f"{config.rollout_on}:{config.actor_threads}",
+        "actor_threads": config.actor_threads,
         "num_envs": config.num_envs,
         "async_batch_size": config.async_batch_size,
         "num_steps": config.num_steps,
@@ -180,7 +202,7 @@ def main() -> None:
     runs = []
     for round_ in range(args.rounds):
         for place in args.rollout_on:
-            placed = config.replace(rollout_on=place)
+            placed = placed_config(config, place)
             print(f"# round {round_ + 1} of {args.rounds}: rollout_on={place}", flush=True)
             runs.append((round_, placed, time_loop(placed, args.warmup, args.iterations)))
     loop = runs[-1][2]
