@@ -118,6 +118,20 @@ def test_run_directory_contents(capsys, tmp_path):
     assert (hardware["conv_impl"], hardware["kernel_isa"]) == ("matmul", None)  # vectors: no convolutions
     assert "convolutions: matmul" in out
     assert list(run_dir.glob("events.out.tfevents.*"))
+    # What the start took, part by part, in one line (in this process: no interpreter start is counted).
+    startup = [line for line in out.splitlines() if line.startswith("ppo-eqx: first iteration after ")]
+    assert len(startup) == 1, out
+    for part in (
+        "flags",
+        "imports",
+        "checks",
+        "devices",
+        "run directory",
+        "writers",
+        "envs and first state",
+        "compile",
+    ):
+        assert f" {part} " in startup[0], startup
 
 
 def tiny_breakout(run_dir, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -12,8 +12,11 @@ def entry_point() -> None:
     """``ppo-eqx``: Ctrl-C and the other stopping signals are handled first (``interrupts.EARLY``), then the command
     runs."""
     from .interrupts import EARLY, SIGNALS
+    from .stopwatch import STARTUP
 
     EARLY.install()
+    STARTUP.restart()
+    STARTUP.started_with_process()
     from .command_line import main
 
     code = main()
@@ -26,5 +29,7 @@ def entry_point() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """``ppo-eqx ARGV`` in this process (``command_line.main``): its exit status."""
     from .command_line import main as run
+    from .stopwatch import STARTUP
 
+    STARTUP.restart()
     return run(argv)

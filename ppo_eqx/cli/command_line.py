@@ -24,6 +24,7 @@ from ..sweeps import SWEEPABLE
 from ..sweeps import sweep_item as parse_sweep
 from ..validation import IMPORTABLE
 from .environment import XlaFlagsProbe, import_jax, restore_xla_flags, schedule_small_programs
+from .stopwatch import STARTUP
 
 
 class _Parser(argparse.ArgumentParser):
@@ -227,8 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _refuse_early(args)
         elif args.command == "eval":
             _refuse_early_output(args)
+        STARTUP.lap("flags")
         probe = XlaFlagsProbe()  # while the command imports jax
         import_jax()  # checks what jax reads at import; makes no backend yet
+        STARTUP.lap("imports")
         saved_flags = schedule_small_programs(args)  # after the probe: it adds a flag XLA is known to take
         if args.command == "train":
             from .train_command import train_command

@@ -35,6 +35,7 @@ from ..host.trainer import Trainer
 from .interrupts import EARLY, SIGNALS, exit_status, say
 from .plan import Plan
 from .schedule import checkpoint_reason, is_boundary, stops_after
+from .stopwatch import STARTUP
 from .writers import WandbRun, Writers
 
 MOVED = "moved"
@@ -220,6 +221,7 @@ class Supervisor:
                 resume_step=None if plan.resume is None else plan.start_iteration * config.batch_size,
                 wandb=WandbRun(options.wandb_project_name, options.wandb_entity) if options.track else None,
             )
+        STARTUP.lap("writers")
         self._trainer = Trainer(
             config,
             restore=self.restore,
@@ -229,9 +231,13 @@ class Supervisor:
             spec=plan.spec,
             loss=plan.loss,
         )
+        STARTUP.lap("trainer")
         per_dispatch = config.iterations_per_dispatch
         program = "one iteration" if per_dispatch == 1 else f"a program of up to {per_dispatch} iterations"
-        self.say(f"ppo-eqx: compiled {program} in {self.trainer.compile():.1f} s")
+        compile_s = self.trainer.compile()
+        STARTUP.lap("compile")
+        self.say(f"ppo-eqx: compiled {program} in {compile_s:.1f} s")
+        self.say(f"ppo-eqx: {STARTUP.line()}")
 
     def _loop(self) -> None:
         config = self.config

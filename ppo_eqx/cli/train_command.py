@@ -17,6 +17,7 @@ from .checks import check_addresses, check_wandb_names, require
 from .devices import on_these_devices, start_processes
 from .environment import XlaFlagsProbe, check_jax_settings, results_environment
 from .plan import Plan, plan_new, plan_resume
+from .stopwatch import STARTUP
 from .supervisor import RunOptions, Supervisor
 from .take import take_run_dir
 
@@ -28,12 +29,14 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
     probe.check()
     check_jax_settings()
     plan = _checked_plan(args, results_environment(probe.flags))
+    STARTUP.lap("plan")
     if plan.nothing_to_resume:  # said before anything is joined, built or taken: the lock file is left as it is too
         print(plan.nothing_to_resume, flush=True)
         return 0
     one_process = not (args.distributed or args.coordinator_address)
     mesh = start_processes(args, probe)
     plan, route = on_these_devices(plan, mesh)
+    STARTUP.lap("devices")
     lock, directory = None, None
     try:
         writes = jax.process_index() == 0  # process 0 writes the run directory and prints; all of them train
@@ -43,6 +46,7 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
             return 0
         restore = None if plan.resume is None else load_checkpoint(plan.resume, plan.config, plan.spec, conv_impl=route)
         options = RunOptions.of(args, None if plan.resume is None else plan.resume.metadata)
+        STARTUP.lap("run_dir")
         return Supervisor(options, plan, mesh, restore, directory).run()
     finally:
         if directory is not None:
