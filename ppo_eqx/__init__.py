@@ -54,6 +54,9 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .core.loss import model_loss as model_loss
     from .core.loss import ppo_loss as ppo_loss
     from .core.networks import ActorCritic as ActorCritic
+    from .core.policy import CategoricalPolicy as CategoricalPolicy
+    from .core.policy import GaussianPolicy as GaussianPolicy
+    from .core.policy import Policy as Policy
     from .core.rollout import RolloutCarry as RolloutCarry
     from .core.rollout import init_episode_stats as init_episode_stats
     from .core.rollout import rollout as rollout

@@ -16,6 +16,7 @@ from ppo_eqx.core.envs import EnvSpec, Pool
 from ppo_eqx.core.envs.normalize import normalize_pool
 from ppo_eqx.core.gaussian import GaussianActorCritic, gaussian_logprob_entropy
 from ppo_eqx.core.networks import ActorCritic
+from ppo_eqx.core.policy import GaussianPolicy
 from ppo_eqx.errors import ConfigError
 
 from .user_env import Reach, Unbounded
@@ -54,7 +55,7 @@ def test_the_gaussian_model_starts_as_cleanrls_agent():
     np.testing.assert_array_equal(mean, logits)
     np.testing.assert_array_equal(value, discrete_value)
     np.testing.assert_array_equal(model.log_std, np.zeros(2, np.float32))
-    assert model.num_actions == 2 and isinstance(model, ActorCritic)
+    assert model.num_actions == 2 and isinstance(model, GaussianPolicy) and not isinstance(model, ActorCritic)
 
 
 def test_a_share_of_envs_draws_what_those_envs_draw_in_the_whole_batch():

@@ -14,7 +14,8 @@ import jax
 from ..config import PPOConfig
 from ..core.envs import EnvSpec, backend
 from ..core.envs.normalize import NormalizedHandle
-from ..core.networks import ActorCritic, ConvRoute
+from ..core.networks import ConvRoute
+from ..core.policy import Policy
 from ..errors import RunError, UsageError
 from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint
 from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
@@ -89,7 +90,7 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
 
 def _load_agent(
     checkpoint: CheckpointFile, env_backend: str | None, agent: str | None
-) -> tuple[ActorCritic, PPOConfig, EnvSpec, NormalizedHandle | None]:
+) -> tuple[Policy, PPOConfig, EnvSpec, NormalizedHandle | None]:
     """The model, config and env spec of the agent to play: the checkpoint's one agent, or of a run of several
     (``--num-seeds``, ``--sweep``) the agent named ``agent``; on ``env_backend`` if given, with this machine's
     route for the convolutions; and the statistics its observations were normalised by (None: they were not)."""
@@ -176,7 +177,7 @@ def _check_renders(video: Path, env_id: str) -> None:
 
 def _play(
     args: argparse.Namespace,
-    model: ActorCritic,
+    model: Policy,
     config: PPOConfig,
     statistics: NormalizedHandle | None,
     *,

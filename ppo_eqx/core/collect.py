@@ -22,7 +22,7 @@ from ._types import Batch, EnvOutput, EpisodeStats
 from .envs import AsyncPool, EnvStep, Pool, agents_env_step
 from .envs.normalize import NormalizedHandle, kept
 from .gae import compute_gae, compute_gae_by_env, truncation_bootstrap
-from .networks import ActorCritic
+from .policy import Policy
 from .rollout import (
     AsyncRolloutCarry,
     RolloutCarry,
@@ -38,7 +38,7 @@ Carry = RolloutCarry | AsyncRolloutCarry
 
 class Collector(NamedTuple):
     carry: Callable[[EpisodeStats], Any]
-    prime: Callable[[ActorCritic, Any, PRNGKeyArray], tuple[Any, PRNGKeyArray]]
+    prime: Callable[[Policy, Any, PRNGKeyArray], tuple[Any, PRNGKeyArray]]
     collect: Callable[..., tuple[Any, Batch]]
     """``collect(model, carry, key, *, gamma, gae_lambda)``."""
     save: Callable[[Any], PyTree]
@@ -56,7 +56,7 @@ Discount = float | Float[Array, ""]
 """A discount: one agent's array inside the iteration, or a number."""
 
 
-def no_prime(model: ActorCritic, carry: Carry, key: PRNGKeyArray) -> tuple[Carry, PRNGKeyArray]:
+def no_prime(model: Policy, carry: Carry, key: PRNGKeyArray) -> tuple[Carry, PRNGKeyArray]:
     """``Collector.prime`` of a pool whose envs need no first steps: the carry and key as they are."""
     return carry, key
 
@@ -70,7 +70,7 @@ def _same(carry: Any) -> Any:
     return carry
 
 
-def bootstrapping_step(env_step: EnvStep, model: ActorCritic, gamma: Discount) -> EnvStep:
+def bootstrapping_step(env_step: EnvStep, model: Policy, gamma: Discount) -> EnvStep:
     """``env_step`` whose learning reward at a time limit (``EnvOutput.truncated``) has ``gamma`` times ``model``'s
     value of the final observation added (``truncation_bootstrap``): GAE, which bootstraps nothing past a done,
     then computes the bootstrapped advantages. One more critic evaluation a step; the reported return (the raw
@@ -90,7 +90,7 @@ def _rollout_collect(
     """``collect`` of a synchronous pool stepped by ``step``: ``rollout``, then ``compute_gae``."""
 
     def collect(
-        model: ActorCritic,
+        model: Policy,
         carry: RolloutCarry,
         key: PRNGKeyArray,
         *,
@@ -179,14 +179,12 @@ def async_collector(pool: AsyncPool, *, num_steps: int) -> Collector:
     def carry(stats: EpisodeStats) -> AsyncRolloutCarry:
         return init_async_carry(pool.handle, pool.spec.obs_shape, pool.spec.obs_dtype, stats)
 
-    def prime(
-        model: ActorCritic, carry: AsyncRolloutCarry, key: PRNGKeyArray
-    ) -> tuple[AsyncRolloutCarry, PRNGKeyArray]:
+    def prime(model: Policy, carry: AsyncRolloutCarry, key: PRNGKeyArray) -> tuple[AsyncRolloutCarry, PRNGKeyArray]:
         key, prime_key = jax.random.split(key)
         return prime_async(model, pool.env, carry, key=prime_key), key
 
     def collect(
-        model: ActorCritic,
+        model: Policy,
         carry: AsyncRolloutCarry,
         key: PRNGKeyArray,
         *,

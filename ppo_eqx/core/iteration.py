@@ -18,7 +18,7 @@ from .checks import typechecked
 from .collect import Carry, Collector
 from .hyperparameters import AgentHyperparameters, Sizes
 from .loss import Loss, model_loss, reported
-from .networks import ActorCritic
+from .policy import Policy
 from .state import AgentKeys, TrainState
 from .update import current_learning_rate, update
 
@@ -47,7 +47,7 @@ class Collected(NamedTuple):
 
 
 def collect(
-    model: ActorCritic, carry: Carry, key: PRNGKeyArray, hyperparameters: AgentHyperparameters, *, collector: Collector
+    model: Policy, carry: Carry, key: PRNGKeyArray, hyperparameters: AgentHyperparameters, *, collector: Collector
 ) -> Collected:
     """The first stage: split the key (into the next key, the rollout's and the update's: the order is part of a
     run), play ``num_steps`` steps and compute GAE with the agent's ``gamma`` and ``gae_lambda``."""
@@ -57,7 +57,7 @@ def collect(
     return Collected(carry, batch, key, update_key)
 
 
-Update = Callable[[ActorCritic, PyTree, Batch, AgentHyperparameters, PRNGKeyArray], tuple[ActorCritic, PyTree, Any]]
+Update = Callable[[Policy, PyTree, Batch, AgentHyperparameters, PRNGKeyArray], tuple[Policy, PyTree, Any]]
 """``update(model, opt_state, batch, hyperparameters, key) -> (model, opt_state, infos)`` on a time-major batch:
 ``one_device_update`` or the mesh's sharded update; ``infos`` what the loss reported at every step."""
 
@@ -66,8 +66,8 @@ def one_device_update(sizes: Sizes, loss: Loss = model_loss) -> Update:
     """``update`` (descending ``loss``) of the batch flattened to ``[T*N, ...]``."""
 
     def one_device(
-        model: ActorCritic, opt_state: PyTree, batch: Batch, hyperparameters: AgentHyperparameters, key: PRNGKeyArray
-    ) -> tuple[ActorCritic, PyTree, Any]:
+        model: Policy, opt_state: PyTree, batch: Batch, hyperparameters: AgentHyperparameters, key: PRNGKeyArray
+    ) -> tuple[Policy, PyTree, Any]:
         flat = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), batch)
         return update(model, opt_state, flat, hyperparameters, sizes=sizes, loss=loss, key=key)
 
@@ -75,14 +75,14 @@ def one_device_update(sizes: Sizes, loss: Loss = model_loss) -> Update:
 
 
 def learn(
-    model: ActorCritic,
+    model: Policy,
     opt_state: PyTree,
     batch: Batch,
     hyperparameters: AgentHyperparameters,
     key: PRNGKeyArray,
     *,
     update: Update,
-) -> tuple[ActorCritic, PyTree, Metrics]:
+) -> tuple[Policy, PyTree, Metrics]:
     """The second stage: ``update``, then its metrics (CleanRL's: the learning rate after the update, then every
     value the loss reported, ``loss_metrics``) and ``FINITE``."""
     model, opt_state, infos = update(model, opt_state, batch, hyperparameters, key)
@@ -113,7 +113,7 @@ Iteration = Callable[[TrainState], tuple[TrainState, Metrics]]
 
 def compose(
     collect_stage: Callable[[TrainState], Collected],
-    learn_stage: Callable[[TrainState, Collected], tuple[ActorCritic, PyTree, Metrics]],
+    learn_stage: Callable[[TrainState, Collected], tuple[Policy, PyTree, Metrics]],
     episode_stats: Callable[[EpisodeStats], EpisodeStats] = lambda stats: stats,
 ) -> Iteration:
     """The iteration from its two stages: ``collect_stage`` (``collect``), then ``learn_stage`` (``learn``) on the
@@ -173,7 +173,7 @@ def make_iteration(collector: Collector, sizes: Sizes, *, loss: Loss = model_los
     def collect_stage(state: TrainState) -> Collected:
         return collect(state.model, state.carry, state.key, state.hyperparameters, collector=collector)
 
-    def learn_stage(state: TrainState, collected: Collected) -> tuple[ActorCritic, PyTree, Metrics]:
+    def learn_stage(state: TrainState, collected: Collected) -> tuple[Policy, PyTree, Metrics]:
         return learn(
             state.model, state.opt_state, collected.batch, state.hyperparameters, collected.update_key, update=update
         )
@@ -218,7 +218,7 @@ class Stages(NamedTuple):
     """
 
     collect: Callable[..., tuple[Carry, Batch, AgentKeys, PRNGKeyArray, Metrics]]
-    learn: Callable[..., tuple[ActorCritic, PyTree, Metrics]]
+    learn: Callable[..., tuple[Policy, PyTree, Metrics]]
 
 
 def make_stages(collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> Stages:
@@ -226,22 +226,22 @@ def make_stages(collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) 
     update = one_device_update(sizes, loss)
 
     def collect_stage(
-        hyperparameters: AgentHyperparameters, model: ActorCritic, carry: Carry, key: PRNGKeyArray
+        hyperparameters: AgentHyperparameters, model: Policy, carry: Carry, key: PRNGKeyArray
     ) -> tuple[Carry, Batch, PRNGKeyArray, PRNGKeyArray, Metrics]:
         collected = collect(model, carry, key, hyperparameters, collector=collector)
         metrics = episode_metrics(collected.carry.stats)
         return collected.carry, collected.batch, collected.key, collected.update_key, metrics
 
     def learn_stage(
-        hyperparameters: AgentHyperparameters, model: ActorCritic, opt_state: PyTree, batch: Batch, key: PRNGKeyArray
-    ) -> tuple[ActorCritic, PyTree, Metrics]:
+        hyperparameters: AgentHyperparameters, model: Policy, opt_state: PyTree, batch: Batch, key: PRNGKeyArray
+    ) -> tuple[Policy, PyTree, Metrics]:
         return learn(model, opt_state, batch, hyperparameters, key, update=update)
 
     if sizes.num_agents == 1:
         return Stages(collect_stage, learn_stage)
 
     def collect_agents(
-        hyperparameters: AgentHyperparameters, model: ActorCritic, carry: Carry, key: AgentKeys
+        hyperparameters: AgentHyperparameters, model: Policy, carry: Carry, key: AgentKeys
     ) -> tuple[Carry, Batch, AgentKeys, PRNGKeyArray, Metrics]:
         carry_axes = _arrays(carry)
         if collector.shared_handle:
@@ -251,8 +251,8 @@ def make_stages(collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) 
         return eqx.filter_vmap(collect_stage, in_axes=in_axes, out_axes=out_axes)(hyperparameters, model, carry, key)
 
     def learn_agents(
-        hyperparameters: AgentHyperparameters, model: ActorCritic, opt_state: PyTree, batch: Batch, key: PRNGKeyArray
-    ) -> tuple[ActorCritic, PyTree, Metrics]:
+        hyperparameters: AgentHyperparameters, model: Policy, opt_state: PyTree, batch: Batch, key: PRNGKeyArray
+    ) -> tuple[Policy, PyTree, Metrics]:
         in_axes = (hyperparameters.axes(), _arrays(model), _arrays(opt_state), 0, 0)
         vmapped = eqx.filter_vmap(learn_stage, in_axes=in_axes, out_axes=(_arrays(model), _arrays(opt_state), 0))
         return vmapped(hyperparameters, model, opt_state, batch, key)

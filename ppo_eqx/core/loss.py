@@ -11,7 +11,7 @@ from ..errors import ConfigError
 from ._types import Batch, LossInfo
 from .checks import one_agent, typechecked
 from .hyperparameters import AgentHyperparameters
-from .networks import ActorCritic
+from .policy import Policy
 
 
 def normalize_advantages(advantages: Float[Array, " B"], ddof: int = 0) -> Float[Array, " B"]:
@@ -68,7 +68,7 @@ def ppo_loss(
 
 @typechecked
 def model_loss(
-    model: ActorCritic, batch: Batch, hyperparameters: AgentHyperparameters, *, prepared: bool = False
+    model: Policy, batch: Batch, hyperparameters: AgentHyperparameters, *, prepared: bool = False
 ) -> tuple[Float[Array, ""], LossInfo]:
     """``ppo_loss`` of ``model`` on ``batch``; differentiate it with ``eqx.filter_value_and_grad``.
 
@@ -88,7 +88,7 @@ def model_loss(
 
 
 def torch_model_loss(
-    model: ActorCritic, batch: Batch, hyperparameters: AgentHyperparameters, *, prepared: bool = False
+    model: Policy, batch: Batch, hyperparameters: AgentHyperparameters, *, prepared: bool = False
 ) -> tuple[Float[Array, ""], LossInfo]:
     """``model_loss`` as CleanRL's torch scripts compute it (``ppo_continuous_action.py``): the advantages
     normalised by their sample standard deviation (torch's ``std()``). The loss ``loss="cleanrl-torch"`` names."""
@@ -115,7 +115,7 @@ class Loss(Protocol):
     """
 
     def __call__(
-        self, model: ActorCritic, minibatch: Batch, hyperparameters: AgentHyperparameters, /, *, prepared: bool
+        self, model: Policy, minibatch: Batch, hyperparameters: AgentHyperparameters, /, *, prepared: bool
     ) -> tuple[Float[Array, ""], Any]: ...
 
 

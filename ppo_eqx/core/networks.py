@@ -15,15 +15,27 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Float, Int, PRNGKeyArray, Shaped
+from jaxtyping import Array, Float, PRNGKeyArray, Shaped
 
 from . import cpu_kernel
 from ._types import ObsKind
-from .checks import check_actions, typechecked
+from .checks import typechecked
 from .convolutions import CONV_ROUTES, Conv, ConvRoute, frames_space_to_depth
 from .layers import Dense, NetworkInit
+from .policy import CategoricalPolicy, categorical_logprob_entropy
 
-__all__ = ["CONV_ROUTES", "MLP", "ActorCritic", "Conv", "ConvRoute", "Dense", "NatureCNN", "NetworkInit"]
+__all__ = [
+    "CONV_ROUTES",
+    "MLP",
+    "ActorCritic",
+    "Conv",
+    "ConvRoute",
+    "Dense",
+    "NatureCNN",
+    "NetworkInit",
+    "categorical_logprob_entropy",
+    "conv_route_of",
+]
 
 
 class NatureCNN(eqx.Module):
@@ -127,8 +139,8 @@ GRID_HIDDEN = 256
 """Width of the two hidden layers of the MinAtar MLPs (gymnax-blines' ``Categorical-MLP``)."""
 
 
-class ActorCritic(eqx.Module):
-    """Policy logits and state values for a batch of observations.
+class ActorCritic(CategoricalPolicy):
+    """Policy logits and state values for a batch of observations (a ``CategoricalPolicy``).
 
     By the observations' ``kind`` (default: ``"frames"`` for a 3-D shape, ``"vector"`` for a 1-D one):
     ``frames`` ``[B, C, H, W]`` (uint8, scaled by 1/255 inside) share a Nature-CNN torso between a linear actor
@@ -224,23 +236,8 @@ class ActorCritic(eqx.Module):
         hidden = self.torso.apply(obs if prepared else self.prepare(obs), self.conv_impl)
         return self.actor(hidden), self.critic(hidden)[:, 0]
 
-    @typechecked
-    def evaluate_actions(
-        self, obs: Shaped[Array, " B *obs"], actions: Int[Array, " B"], *, prepared: bool = False
-    ) -> tuple[Float[Array, " B"], Float[Array, " B"], Float[Array, " B"]]:
-        """Log-probability of ``actions`` (each in ``0 .. A-1``: checked when they are known, in an eager call),
-        policy entropy and value, each ``[B]``."""
-        check_actions(actions, self.num_actions, "evaluate_actions")
-        logits, value = self(obs, prepared=prepared)
-        logprob, entropy = categorical_logprob_entropy(logits, actions)
-        return logprob, entropy, value
 
-
-def categorical_logprob_entropy(
-    logits: Float[Array, "B A"], actions: Int[Array, " B"]
-) -> tuple[Float[Array, " B"], Float[Array, " B"]]:
-    """Log-probability of ``actions`` under softmax(logits), and the distribution's entropy."""
-    log_probs = jax.nn.log_softmax(logits)
-    logprob = jnp.take_along_axis(log_probs, actions[:, None], axis=1)[:, 0]
-    entropy = -jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
-    return logprob, entropy
+def conv_route_of(model: object) -> ConvRoute | None:
+    """The route ``model``'s convolutions take: an ``ActorCritic``'s ``conv_impl``; None for any other model (one of
+    the user's, a continuous one), whose convolutions are its own."""
+    return model.conv_impl if isinstance(model, ActorCritic) else None

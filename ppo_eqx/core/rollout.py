@@ -11,8 +11,8 @@ from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray
 from ._types import AsyncTransition, EnvOutput, EpisodeStats, Observation, Transition
 from .checks import typechecked
 from .envs import AsyncEnv, EnvStep
-from .gaussian import GaussianActorCritic
-from .networks import ActorCritic, categorical_logprob_entropy
+from .policy import Policy
+from .policy import sample_actions as sample_actions  # its home before the model interface
 
 
 def init_episode_stats(num_envs: int) -> EpisodeStats:
@@ -50,25 +50,6 @@ def count_step(stats: EpisodeStats, raw_reward: Float[Array, " N"], over: Bool[A
     )
 
 
-def sample_actions(
-    key: PRNGKeyArray,
-    logits: Float[Array, "N A"],
-    *,
-    first_env: int | Int[Array, ""] = 0,
-    total_envs: int | None = None,
-) -> Int[Array, " N"]:
-    """One action per row of ``logits``, as ``jax.random.categorical(key, logits)``.
-
-    With ``total_envs``, the rows are rows ``first_env ..`` of a ``[total_envs, A]`` batch, and each gets the
-    action that ``categorical`` (Gumbel-max) draws for that row of the whole batch.
-    """
-    if total_envs is None:
-        return jax.random.categorical(key, logits).astype(jnp.int32)
-    gumbel = jax.random.gumbel(key, (total_envs, logits.shape[-1]), logits.dtype)
-    noise = jax.lax.dynamic_slice_in_dim(gumbel, first_env, logits.shape[0])
-    return jnp.argmax(logits + noise, axis=-1).astype(jnp.int32)
-
-
 class RolloutCarry(NamedTuple):
     """What one rollout hands the next: the env backend's handle, the current observation, episode statistics."""
 
@@ -78,27 +59,23 @@ class RolloutCarry(NamedTuple):
 
 
 def act(
-    model: ActorCritic,
+    model: Policy,
     obs: Observation,
     key: PRNGKeyArray,
     *,
     first_env: int | Int[Array, ""] = 0,
     total_envs: int | None = None,
 ) -> tuple[Int[Array, " N"] | Float[Array, "N A"], Float[Array, " N"], Float[Array, " N"]]:
-    """The policy's action for each observation (``sample_actions``; a continuous model's ``sample``), its
-    log-probability, and the value."""
-    logits, value = model(obs)
-    if isinstance(model, GaussianActorCritic):  # logits are the mean of continuous actions
-        action, logprob = model.sample(key, logits, first_env=first_env, total_envs=total_envs)
-        return action, logprob, value
-    action = sample_actions(key, logits, first_env=first_env, total_envs=total_envs)
-    logprob, _ = categorical_logprob_entropy(logits, action)
+    """The policy's action for each observation (``model.sample``: with ``total_envs``, those of rows ``first_env
+    ..`` of a batch of ``total_envs``), its log-probability, and the value."""
+    outputs, value = model(obs)
+    action, logprob = model.sample(key, outputs, first_env=first_env, total_envs=total_envs)
     return action, logprob, value
 
 
 @typechecked
 def rollout(
-    model: ActorCritic,
+    model: Policy,
     env_step: EnvStep,
     carry: RolloutCarry,
     *,
@@ -128,16 +105,13 @@ def rollout(
     return carry, transitions, last_value
 
 
-def _check_rollout(model: ActorCritic, env_step: EnvStep, carry: RolloutCarry, num_steps: int) -> None:
+def _check_rollout(model: Policy, env_step: EnvStep, carry: RolloutCarry, num_steps: int) -> None:
     """``num_steps`` >= 1, and ``env_step`` returning observations like ``carry.obs`` (its shapes, traced once
     with ``jax.eval_shape``), before the scan would fail on them deep inside jax."""
     if num_steps < 1:
         raise ValueError(f"rollout: num_steps={num_steps}; allowed: 1 or more")
-    num_envs = carry.obs.shape[:1]
-    continuous = isinstance(model, GaussianActorCritic)
-    actions = jax.ShapeDtypeStruct(
-        num_envs + (model.num_actions,) if continuous else num_envs, jnp.float32 if continuous else jnp.int32
-    )
+    outputs, _ = jax.eval_shape(model, carry.obs)
+    actions, _ = jax.eval_shape(model.sample, jax.random.key(0), outputs)
     _, out = jax.eval_shape(env_step, carry.handle, actions)
     obs = getattr(out, "obs", None)
     if obs is None or (obs.shape, obs.dtype) != (carry.obs.shape, carry.obs.dtype):
@@ -207,7 +181,7 @@ def _pend(
     )
 
 
-def prime_async(model: ActorCritic, env: AsyncEnv, carry: AsyncRolloutCarry, *, key: PRNGKeyArray) -> AsyncRolloutCarry:
+def prime_async(model: Policy, env: AsyncEnv, carry: AsyncRolloutCarry, *, key: PRNGKeyArray) -> AsyncRolloutCarry:
     """Give every env of a fresh async pool (``init_async_carry``) a pending step.
 
     Receives, acts and sends until every env has come back from its reset once. EnvPool's threads finish in
@@ -237,7 +211,7 @@ def prime_async(model: ActorCritic, env: AsyncEnv, carry: AsyncRolloutCarry, *, 
 
 
 def async_rollout(
-    model: ActorCritic,
+    model: Policy,
     env: AsyncEnv,
     carry: AsyncRolloutCarry,
     *,

@@ -21,7 +21,7 @@ from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 from ._types import Batch, LossInfo
 from .hyperparameters import AgentHyperparameters, Sizes
 from .loss import Loss, model_loss, normalize_advantages
-from .networks import ActorCritic
+from .policy import Policy
 from .update import make_optimizer, minibatch_indices, minibatch_steps, params_loss
 
 
@@ -49,7 +49,7 @@ def replicate(tree: PyTree, mesh: Mesh) -> PyTree:
 
 
 def sharded_update(
-    model: ActorCritic,
+    model: Policy,
     opt_state: PyTree,
     batch: Batch,
     hyperparameters: AgentHyperparameters,
@@ -58,7 +58,7 @@ def sharded_update(
     sizes: Sizes,
     loss: Loss = model_loss,
     key: PRNGKeyArray,
-) -> tuple[ActorCritic, PyTree, LossInfo | Any]:
+) -> tuple[Policy, PyTree, LossInfo | Any]:
     """``ppo_eqx.core.update.update`` with each minibatch split evenly across the devices of ``mesh``.
 
     ``batch`` is time-major, ``[T, N, ...]`` with its N envs split over the devices (``shard_batch``); it is
@@ -157,7 +157,7 @@ def _local_update(static: PyTree, sizes: Sizes, *, axis: str, shard_size: int) -
     return local_update
 
 
-def _gather_whole(shard: Batch, model: ActorCritic, axis: str) -> Batch:
+def _gather_whole(shard: Batch, model: Policy, axis: str) -> Batch:
     """The whole batch on every device: this device's ``[T, n]`` shard flattened, its observations relaid out for
     ``model`` (``prepare``), gathered over ``axis`` (one ``all_gather`` per field)."""
     shard = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), shard)

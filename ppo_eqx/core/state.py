@@ -13,6 +13,7 @@ from .envs import EnvSpec
 from .gaussian import GaussianActorCritic
 from .hyperparameters import AgentHyperparameters, Hyperparameters, Sizes
 from .networks import ActorCritic, ConvRoute, NetworkInit
+from .policy import Policy
 from .rollout import init_episode_stats
 from .update import make_optimizer
 
@@ -25,7 +26,7 @@ class TrainState(eqx.Module):
     are the agents' own (read, never changed). With S > 1 agents every array but the env handle and
     ``iteration`` has a leading ``S`` axis."""
 
-    model: ActorCritic
+    model: Policy
     opt_state: PyTree
     carry: Carry
     key: AgentKeys
@@ -44,7 +45,7 @@ class Checkpoint(eqx.Module):
     ``num_agents`` S > 1 every field but ``iteration`` has a leading ``S`` axis.
     """
 
-    model: ActorCritic
+    model: Policy
     opt_state: PyTree
     key: AgentKeys
     envs: PyTree
@@ -67,9 +68,7 @@ def init_agents(
     one agent's, unstacked, otherwise (its seed an int, or a scalar int32 array: ``PRNGKey`` of either is the same).
     """
 
-    def init(
-        seed: int | Int[Array, ""], agent: AgentHyperparameters
-    ) -> tuple[ActorCritic, PyTree, Array, EpisodeStats]:
+    def init(seed: int | Int[Array, ""], agent: AgentHyperparameters) -> tuple[Policy, PyTree, Array, EpisodeStats]:
         model, opt_state, key = fresh_agent(
             spec, agent, sizes, conv_impl=conv_impl, network_init=network_init, key=jax.random.PRNGKey(seed)
         )
@@ -91,7 +90,7 @@ def fresh_agent(
     conv_impl: ConvRoute = "xla",
     network_init: NetworkInit = "cleanrl",
     key: Key[Array, ""] | UInt32[Array, "2"],
-) -> tuple[ActorCritic, PyTree, Key[Array, ""] | UInt32[Array, "2"]]:
+) -> tuple[Policy, PyTree, Key[Array, ""] | UInt32[Array, "2"]]:
     """One agent's model (for ``spec``'s observations and actions), its optimizer's state (``make_optimizer``) and
     the key its run goes on with, from ``key``: split in two, the second half starts the model."""
     key, model_key = jax.random.split(key)

@@ -13,7 +13,7 @@ from ._types import Batch, LossInfo
 from .checks import check_actions, check_fields, one_agent, typechecked
 from .hyperparameters import AgentHyperparameters, Sizes
 from .loss import Loss, model_loss
-from .networks import ActorCritic
+from .policy import Policy
 
 
 def learning_rate_schedule(hyperparameters: AgentHyperparameters, sizes: Sizes) -> optax.Schedule:
@@ -110,7 +110,7 @@ def minibatch_steps(
 
 @typechecked
 def update(
-    model: ActorCritic,
+    model: Policy,
     opt_state: PyTree,
     batch: Batch,
     hyperparameters: AgentHyperparameters,
@@ -118,7 +118,7 @@ def update(
     sizes: Sizes,
     loss: Loss = model_loss,
     key: PRNGKeyArray,
-) -> tuple[ActorCritic, PyTree, LossInfo | Any]:
+) -> tuple[Policy, PyTree, LossInfo | Any]:
     """``sizes.update_epochs`` passes over ``batch`` in ``sizes.num_minibatches`` minibatches, one step each of
     the agent's optimizer (``make_optimizer``) on ``loss`` (default CleanRL's, ``model_loss``; any ``Loss``), both
     with ``hyperparameters``.
@@ -146,7 +146,7 @@ def update(
     return eqx.combine(params, static), opt_state, infos
 
 
-def _check_update(model: ActorCritic, batch: Batch, hyperparameters: AgentHyperparameters, sizes: Sizes) -> None:
+def _check_update(model: Policy, batch: Batch, hyperparameters: AgentHyperparameters, sizes: Sizes) -> None:
     """What ``update``'s annotations cannot say: the batch's fields, its observations against the model's, the
     actions within the model's (when known), and minibatches that split the batch."""
     if sizes.update_epochs < 1:

@@ -67,9 +67,10 @@ def auto_note(conv_impl: ConvImpl, route: ConvRoute, spec: EnvSpec) -> str | Non
     return f"ppo_eqx's CPU kernel is faster here and {problem}: {kernel_build.BUILD_HINT} builds it, once"
 
 
-def ready(route: ConvRoute) -> None:
+def ready(route: ConvRoute | None) -> None:
     """Make ``route`` runnable in this process: for "kernel", the kernel loaded (built where it is not), or
-    ConfigError naming why it cannot be. A model of the route computes only once it is (``core.cpu_kernel``)."""
+    ConfigError naming why it cannot be. A model of the route computes only once it is (``core.cpu_kernel``). None:
+    a model without convolutions of ours (``core.networks.conv_route_of``)."""
     if route != "kernel":
         return
     reason = kernel_unavailable_reason("cpu")

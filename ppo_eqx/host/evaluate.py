@@ -15,9 +15,9 @@ from ..core._types import EpisodeStats
 from ..core.envs import EnvBackend, EnvSpec, Pool, backend, derived_seeds
 from ..core.envs.jax_env import env_backend_of
 from ..core.envs.normalize import NormalizedHandle, normalize_pool
-from ..core.gaussian import GaussianActorCritic
-from ..core.networks import ActorCritic
-from ..core.rollout import RolloutCarry, init_episode_stats, sample_actions, update_episode_stats
+from ..core.networks import conv_route_of
+from ..core.policy import Policy
+from ..core.rollout import RolloutCarry, init_episode_stats, update_episode_stats
 from .compiled import own_jit
 from .conv_route import ready
 
@@ -65,17 +65,13 @@ def _eval_pool(
     return normalize_pool(pool, gamma=config.gamma, obs=config.normalize_obs, reward=False, frozen=statistics)
 
 
-def _action(model: ActorCritic, logits: Array, key: PRNGKeyArray, greedy: bool) -> Array:
-    """The policy's action: sampled, or greedy (the argmax; a continuous policy's mean)."""
-    if isinstance(model, GaussianActorCritic):
-        return logits if greedy else model.sample(key, logits)[0]
-    if greedy:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    return sample_actions(key, logits)
+def _action(model: Policy, outputs: Array, key: PRNGKeyArray, greedy: bool) -> Array:
+    """The policy's action: sampled, or greedy (its distribution's mode: the argmax; a continuous policy's mean)."""
+    return model.mode(outputs) if greedy else model.sample(key, outputs)[0]
 
 
 def evaluate(
-    model: ActorCritic,
+    model: Policy,
     config: PPOConfig,
     *,
     episodes: int,
@@ -100,12 +96,12 @@ def evaluate(
         raise ValueError(f"episodes={episodes!r}; allowed: an integer >= 1")
     chosen = backend(config.env_backend) if env is None else env_backend_of(env, config.env_backend)
     check_plays(model, chosen.spec(config.env_id))
-    ready(model.conv_impl)
+    ready(conv_route_of(model))
     num_envs = min(episodes, MAX_ENVS)
     quotas = episode_quotas(episodes, num_envs)
     pool = _eval_pool(chosen, config, eval_env_seeds(seed, num_envs), on_frame is not None, statistics)
 
-    def act(model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Any, EpisodeStats]:
+    def act(model: Policy, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Any, EpisodeStats]:
         logits, _ = model(carry.obs)
         handle, out = pool.step(carry.handle, _action(model, logits, key, greedy))
         stats = update_episode_stats(carry.stats, out)
@@ -141,7 +137,7 @@ def normalization_of(checkpoint: Any) -> NormalizedHandle | None:
     return handle if isinstance(handle, NormalizedHandle) else None
 
 
-def check_plays(model: ActorCritic, spec: EnvSpec) -> None:
+def check_plays(model: Policy, spec: EnvSpec) -> None:
     """ValueError unless ``model`` takes ``spec``'s observations and gives one logit per action of it (a model of
     another env would play: an out-of-range action, or the first of too many, without a word)."""
     if tuple(model.obs_shape) != tuple(spec.obs_shape):

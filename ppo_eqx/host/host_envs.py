@@ -28,7 +28,7 @@ from ..core.envs.normalize import NormalizedHandle, kept, start_statistics
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Metrics, collect, episode_metrics, make_stages
 from ..core.loss import Loss, model_loss
-from ..core.networks import ActorCritic
+from ..core.policy import Policy
 from ..core.rollout import RolloutCarry, fresh_episodes
 from ..core.state import Checkpoint, TrainState
 from ..errors import ConfigError
@@ -158,7 +158,7 @@ class HostEnvsPlacement:
 class _LearnPrograms:
     """The learning stage (``core.iteration.make_stages``) and the episode metrics, as programs of their own."""
 
-    def __init__(self, learn_stage: Callable[..., tuple[ActorCritic, PyTree, Metrics]]):
+    def __init__(self, learn_stage: Callable[..., tuple[Policy, PyTree, Metrics]]):
         self.learn = own_jit(learn_stage, donate=(1, 2, 3, 4))
         self.episode = own_jit(episode_metrics)
         self.compiled = False

@@ -32,7 +32,7 @@ from ..core._types import Batch, EnvOutput, EpisodeStats
 from ..core.envs import HostPool
 from ..core.envs.normalize import Moments, NormalizedHandle, observed, scaled_rewards
 from ..core.gae import compute_gae
-from ..core.networks import ActorCritic
+from ..core.policy import Policy
 from ..core.rollout import RolloutCarry, act, count_step
 from .compiled import own_jit, same_static
 
@@ -103,7 +103,7 @@ class ActPrograms:
         self.impl = jax.random.key_impl(key)
         return np.asarray(self._keys(key))
 
-    def leaves(self, model: ActorCritic) -> list[Array]:
+    def leaves(self, model: Policy) -> list[Array]:
         """``model``'s array leaves, its structure (the same at every call) kept for ``act``."""
         params, static = eqx.partition(model, eqx.is_array)
         leaves, treedef = jax.tree.flatten(params)
@@ -186,7 +186,7 @@ class HostLoop:
         return moments
 
     def __call__(
-        self, model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray, *, gamma: Any, gae_lambda: Any
+        self, model: Policy, carry: RolloutCarry, key: PRNGKeyArray, *, gamma: Any, gae_lambda: Any
     ) -> tuple[RolloutCarry, Batch]:
         """``Collector.collect``: one rollout with ``key`` (``rollout``'s), its batch with GAE. Where observations
         are normalised (one actor, one pool), ``act`` counts and scales each step's as it comes back (the rollout's
@@ -219,7 +219,7 @@ class HostLoop:
         if self.steps is None:
             self.steps = [self.programs.device_steps(leaves, key_data, obs) for obs in self.obs]
 
-    def compile(self, model: ActorCritic, carry: RolloutCarry, key: PRNGKeyArray, hyperparameters: Any) -> Any:
+    def compile(self, model: Policy, carry: RolloutCarry, key: PRNGKeyArray, hyperparameters: Any) -> Any:
         """Compile ``act`` (for each size of pool), ``observe`` and ``stack`` for states like these; returns the
         shapes of what a call returns."""
         programs = self.programs
@@ -254,7 +254,7 @@ class HostLoop:
 
 
 def _stacked(
-    model: ActorCritic,
+    model: Policy,
     stats: EpisodeStats,
     handle: Any,
     host: dict[str, Array],

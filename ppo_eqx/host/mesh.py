@@ -20,7 +20,7 @@ from ..core.envs import EnvBackend
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Collected, Metrics, collect, compose, learn
 from ..core.loss import Loss, model_loss
-from ..core.networks import ActorCritic
+from ..core.policy import Policy
 from ..core.rollout import fresh_episodes
 from ..core.sharded import replicate, shard_batch, sharded_update
 from ..core.state import Checkpoint, TrainState
@@ -131,7 +131,7 @@ class MeshPlacement:
 
     def _learn_fn(self, sizes: Sizes, loss: Loss) -> Any:
         def update(
-            model: ActorCritic,
+            model: Policy,
             opt_state: PyTree,
             batch: Batch,
             hyperparameters: AgentHyperparameters,
@@ -152,7 +152,7 @@ class MeshPlacement:
 
         return learn_arrays
 
-    def learn(self, state: TrainState, collected: Collected) -> tuple[ActorCritic, PyTree, Metrics]:
+    def learn(self, state: TrainState, collected: Collected) -> tuple[Policy, PyTree, Metrics]:
         """The learn stage: the data-parallel update of this process's share of the batch, sharded over the mesh;
         the model, optimizer state and this process's copy of the metrics."""
         params = eqx.filter(state.model, eqx.is_array)
@@ -203,7 +203,7 @@ class _MeshProgram:
 
     def __init__(self, placement: MeshPlacement, collector: Collector):
         def collect_local(
-            model_and_hyperparameters: tuple[ActorCritic, AgentHyperparameters], carry: Any, key: PRNGKeyArray
+            model_and_hyperparameters: tuple[Policy, AgentHyperparameters], carry: Any, key: PRNGKeyArray
         ) -> Collected:
             model, hyperparameters = model_and_hyperparameters
             return collect(model, carry, key, hyperparameters, collector=collector)

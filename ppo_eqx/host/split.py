@@ -19,7 +19,7 @@ from ..core.collect import Collector
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Metrics, make_stages
 from ..core.loss import Loss, model_loss
-from ..core.networks import ConvRoute
+from ..core.networks import ActorCritic, ConvRoute
 from ..core.state import Checkpoint, TrainState
 from .compiled import own_jit
 from .conv_route import ready
@@ -95,7 +95,7 @@ class _SplitProgram:
             if not example:
                 self._rollout_hyperparameters = hyperparameters
         model = jax.device_put(state.model, placement.rollout_device)
-        if placement.rollout_conv is not None and placement.rollout_conv != model.conv_impl:
+        if isinstance(model, ActorCritic) and placement.rollout_conv not in (None, model.conv_impl):
             model = model.with_conv_impl(placement.rollout_conv)
         return hyperparameters, model
 

@@ -28,7 +28,7 @@ from ..core.envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend
 from ..core.envs.jax_env import env_backend_of
 from ..core.iteration import Metrics
 from ..core.loss import Loss, check_loss, loss_named
-from ..core.networks import ConvRoute
+from ..core.networks import ConvRoute, conv_route_of
 from ..core.state import Checkpoint
 from ..errors import ConfigError
 from .conv_route import ready, resolve_conv_impl_for
@@ -122,7 +122,7 @@ class Trainer:
             restore = init_checkpoint(config, self.spec, conv_impl=conv_impl, env_backend=self.backend)
         else:
             _check_restore(restore, self.config)
-        self.conv_impl: ConvRoute = restore.model.conv_impl
+        self.conv_impl: ConvRoute | None = conv_route_of(restore.model)
         ready(self.conv_impl)
         # The compiled program donates the state it is given: place a copy, so that ``restore`` stays the caller's.
         own: Checkpoint = jax.tree.map(_copy, restore)
