@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .core._types import EnvOutput as EnvOutput
     from .core._types import EpisodeStats as EpisodeStats
     from .core._types import LossInfo as LossInfo
+    from .core._types import SequenceBatch as SequenceBatch
     from .core._types import Transition as Transition
     from .core.collect import Collector as Collector
     from .core.collect import async_collector as async_collector
@@ -57,13 +58,18 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .core.policy import CategoricalPolicy as CategoricalPolicy
     from .core.policy import GaussianPolicy as GaussianPolicy
     from .core.policy import Policy as Policy
+    from .core.recurrent import LSTMActorCritic as LSTMActorCritic
+    from .core.recurrent import RecurrentPolicy as RecurrentPolicy
     from .core.rollout import RolloutCarry as RolloutCarry
     from .core.rollout import init_episode_stats as init_episode_stats
     from .core.rollout import rollout as rollout
     from .core.state import Checkpoint as Checkpoint
+    from .core.state import ModelFactory as ModelFactory
     from .core.state import TrainState as TrainState
+    from .core.state import default_model as default_model
     from .core.state import init_agents as init_agents
     from .core.state import init_train_state as init_train_state
+    from .core.update import OptimizerFactory as OptimizerFactory
     from .core.update import make_optimizer as make_optimizer
     from .core.update import update as update
     from .errors import CheckpointError as CheckpointError

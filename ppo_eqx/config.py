@@ -33,6 +33,11 @@ NETWORK_INITS = ("cleanrl", "gymnax-blines")
 """How a model's layers may start (``core.networks.NetworkInit``, the same names, says what each means)."""
 LOSSES = ("cleanrl", "cleanrl-torch")
 """The losses a config names (``core.loss.loss_named``); ``MODULE:ATTRIBUTE`` names a ``Loss`` of the user's."""
+NETWORKS = ("feedforward", "lstm")
+"""The models a config names (``host.named.network_named``); ``MODULE:CALLABLE`` names a factory of the user's."""
+OPTIMIZERS = ("cleanrl",)
+"""The optimizers a config names (``host.named.optimizer_named``); ``MODULE:CALLABLE`` names a factory of the
+user's."""
 
 INT32_MAX = 2**31 - 1
 """The largest count or seed: EnvPool takes int32 seeds, and JAX counts in int32."""
@@ -165,6 +170,21 @@ class PPOConfig(Hyperparameters):
         "the advantages' sample standard deviation; the continuous preset's) or MODULE:ATTRIBUTE, a loss of yours with "
         "ppo_eqx.Loss's signature, whose reported values are logged beside CleanRL's (ppo_eqx's own)",
         choices=LOSSES,
+    )
+    network: str = config_field(
+        "feedforward",
+        "the model: feedforward (CleanRL's, by the observations: the Nature CNN, 64-64 tanh MLPs, gymnax-blines' "
+        "256-256 ReLU on grids, a Gaussian policy of continuous actions), lstm (a recurrent policy, CleanRL's "
+        "ppo_atari_lstm.py on frames) or MODULE:CALLABLE, a factory of yours (spec, key) -> ppo_eqx.Policy "
+        "(ppo_eqx's own)",
+        choices=NETWORKS,
+    )
+    optimizer: str = config_field(
+        "cleanrl",
+        "the optimizer: cleanrl (gradients clipped to max_grad_norm, then Adam, eps 1e-5, its learning rate annealed "
+        "as anneal_lr says, CleanRL's) or MODULE:CALLABLE, a factory of yours (hyperparameters, sizes) -> "
+        "optax.GradientTransformation (ppo_eqx's own)",
+        choices=OPTIMIZERS,
     )
     normalize_obs: bool = config_field(
         False,
@@ -309,7 +329,12 @@ class PPOConfig(Hyperparameters):
                 raise ConfigError(f"env_backend={env_backend!r} with an env object; allowed: None or 'jax'")
             task = {"env_id": chosen.env_id, "env_backend": "jax"}
         spec = chosen.spec(task["env_id"])
-        preset = preset_for(spec.kind, state_is_data=chosen.state_is_data, continuous=spec.continuous)
+        preset = preset_for(
+            spec.kind,
+            state_is_data=chosen.state_is_data,
+            continuous=spec.continuous,
+            network=values.get("network", "feedforward"),
+        )
         return cls.from_dict({**preset, **values, **task}), chosen, spec
 
     def validate(self) -> "PPOConfig":
@@ -337,6 +362,12 @@ class PPOConfig(Hyperparameters):
             raise ConfigError(
                 f"{normalized[0]}=True needs a pool stepped at once by envpool, gymnax or jax, not env_backend="
                 f"{self.env_backend!r} with async_batch_size={self.async_batch_size}; allowed: {normalized[0]}=False"
+            )
+        if self.network == "lstm" and (self.num_envs % self.num_minibatches or self.bootstrap_truncated):
+            raise ConfigError(
+                f"network='lstm' learns from whole env sequences: num_minibatches={self.num_minibatches} must divide "
+                f"num_envs={self.num_envs}, and bootstrap_truncated={self.bootstrap_truncated} be False; allowed: a "
+                f"divisor of {self.num_envs}, bootstrap_truncated=False"
             )
         if self.bootstrap_truncated and self.async_batch_size:
             raise ConfigError(

@@ -58,18 +58,25 @@ CONTINUOUS_PRESET: dict[str, Any] = {
     "loss": "cleanrl-torch",
     "checkpoint_every": 50,
 }
+# CleanRL's ppo_atari_lstm.py, what it sets apart from ppo_atari_envpool_xla_jax.py: the value loss clipped (its
+# torch script honours the flag) and the advantages standardised by torch's std() ("cleanrl-torch"). It stacks one
+# frame where EnvPool's Atari tasks stack four: ppo_eqx keeps EnvPool's four (docs/design.md's deviations).
+LSTM_FRAMES_PRESET: dict[str, Any] = {"clip_vloss": True, "loss": "cleanrl-torch"}
 # Envs written in JAX run whole chunks of iterations as one program: a CartPole checkpoint interval (250
 # iterations, about a second on a 2-core CPU) at once; MinAtar's iterations take a third of a second there, so 10
 # of them, and the progress bar, Ctrl-C and the NaN check answer within seconds.
 JAX_ENV_DISPATCH: dict[str, int] = {"vector": 250, "grid": 10, "continuous": 10}
 
 
-def preset_for(kind: str, *, state_is_data: bool = False, continuous: bool = False) -> dict[str, Any]:
-    """Defaults that replace PPOConfig's for a kind of observation (``EnvSpec.kind``): none for Atari frames,
-    CleanRL's ppo.py for vectors, gymnax-blines' for MinAtar grids, and for ``continuous`` actions CleanRL's
-    ppo_continuous_action.py; on a backend whose envs run in the program (``state_is_data``), many iterations per
-    dispatch."""
+def preset_for(
+    kind: str, *, state_is_data: bool = False, continuous: bool = False, network: str = "feedforward"
+) -> dict[str, Any]:
+    """Defaults that replace PPOConfig's for a kind of observation (``EnvSpec.kind``): none for Atari frames (with
+    ``network`` "lstm", CleanRL's ppo_atari_lstm.py's), CleanRL's ppo.py for vectors, gymnax-blines' for MinAtar
+    grids, and for ``continuous`` actions CleanRL's ppo_continuous_action.py; on a backend whose envs run in the
+    program (``state_is_data``), many iterations per dispatch."""
     kind = "continuous" if continuous else kind
-    presets = {"frames": {}, "vector": VECTOR_PRESET, "grid": GRID_PRESET, "continuous": CONTINUOUS_PRESET}
+    frames = LSTM_FRAMES_PRESET if network == "lstm" else {}
+    presets = {"frames": frames, "vector": VECTOR_PRESET, "grid": GRID_PRESET, "continuous": CONTINUOUS_PRESET}
     dispatch = {"iterations_per_dispatch": JAX_ENV_DISPATCH[kind]} if state_is_data and kind in JAX_ENV_DISPATCH else {}
     return {**presets[kind], **dispatch}

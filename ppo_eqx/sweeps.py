@@ -35,6 +35,8 @@ NOT_SWEEPABLE: dict[str, str] = {
     "thread_affinity_offset": "changes where the envs are stepped, not the results",
     "iterations_per_dispatch": "changes the program, not the results",
     "loss": "changes the program's update",
+    "network": "makes another model",
+    "optimizer": "changes the program's update",
     "normalize_obs": "changes the program's rollout",
     "normalize_reward": "changes the program's rollout",
     "sweep": "is the sweep itself",

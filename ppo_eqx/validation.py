@@ -14,7 +14,7 @@ from .errors import ConfigError, show_value
 from .settings import FLOAT32_MAX, is_import_path
 from .sweeps import NOT_SWEEPABLE, SWEEPABLE
 
-IMPORTABLE = frozenset({"env_backend", "loss"})
+IMPORTABLE = frozenset({"env_backend", "loss", "network", "optimizer"})
 """The str fields that take ``MODULE:ATTRIBUTE`` (the user's own object) besides their choices."""
 
 

@@ -38,9 +38,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             node.own_markers[:] = [mark for mark in node.own_markers if mark.name not in TIERS]
     if wrong:
         raise pytest.UsageError(
-            "every test is in exactly one tier, pytest.mark.unit, .compile, .envpool, .subprocess or .tpu (pyproject.toml "
-            "says which): a module's `pytestmark = pytest.mark.unit`, and a decorator on each test that differs:\n"
-            + "\n".join(wrong)
+            "every test is in exactly one tier, pytest.mark.unit, .compile, .envpool, .subprocess or .tpu "
+            "(pyproject.toml says which): a module's `pytestmark = pytest.mark.unit`, and a decorator on each test "
+            "that differs:\n" + "\n".join(wrong)
         )
 
 

@@ -312,3 +312,8 @@ def test_every_field_is_sweepable_or_says_why_not() -> None:
     fields = {field.name for field in dataclasses.fields(PPOConfig)}
     assert set(SWEEPABLE) | set(NOT_SWEEPABLE) == fields
     assert not set(SWEEPABLE) & set(NOT_SWEEPABLE)
+
+
+def test_the_lstm_on_frames_takes_cleanrls_ppo_atari_lstm_settings() -> None:
+    assert preset_for("frames", network="lstm") == {"clip_vloss": True, "loss": "cleanrl-torch"}
+    assert preset_for("vector", network="lstm") == preset_for("vector")  # PureJaxRL's ppo_rnn: CleanRL's ppo.py's

@@ -6,13 +6,19 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..config import PPOConfig, flag
+import equinox as eqx
+import jax
+
+from ..config import NETWORKS, PPOConfig, flag
 from ..core.envs import EnvBackend, EnvSpec, backend
 from ..core.envs.normalize import check_normalizable
 from ..core.loss import Loss, loss_named, model_loss
 from ..core.networks import ConvRoute
+from ..core.state import ModelFactory, default_model
+from ..core.update import OptimizerFactory, make_optimizer
 from ..errors import ConfigError, UsageError
 from ..host.checkpoint import CheckpointFile
+from ..host.named import check_model, check_optimizer, network_named, optimizer_named
 from ..host.placement import Placement, check_rollout_place
 from ..host.resume import read_run
 from ..host.rundir import CONFIG, agent_dirs
@@ -35,6 +41,11 @@ class Plan(NamedTuple):
     """How the convolutions are computed here (``devices.conv_route``), once the devices are joined."""
     loss: Loss = model_loss
     """The loss the update descends (``config.loss``, imported at the edge: ``core.loss.loss_named``)."""
+    model: ModelFactory | None = None
+    """A model factory of the user's (``config.network``'s ``MODULE:CALLABLE``, imported and checked at the edge:
+    ``host.named``); None: the Trainer makes ppo_eqx's own by name once the convolutions' route is known."""
+    optimizer: OptimizerFactory = make_optimizer
+    """The optimizer factory (``config.optimizer``'s, imported and checked at the edge)."""
     placement: Placement | None = None
     """Where the iteration runs (one device, the host's rollout beside the device's learning, or a mesh), once the
     devices are joined."""
@@ -87,7 +98,7 @@ def plan_new(args: argparse.Namespace, environment: dict[str, str | None]) -> Pl
     run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
     check_normalizable(config.normalize_obs, config.normalize_reward, spec, config.async_batch_size)
     check_rollout_place(config, chosen, spec)
-    return Plan(config, run_dir, chosen, spec, environment, loss=loss_named(config.loss))
+    return Plan(config, run_dir, chosen, spec, environment, loss=loss_named(config.loss), **_factories(config, spec))
 
 
 def plan_resume(args: argparse.Namespace, environment: dict[str, str | None]) -> Plan:
@@ -111,4 +122,16 @@ def plan_resume(args: argparse.Namespace, environment: dict[str, str | None]) ->
         raise UsageError(f"--track logs one run; {run_dir} trains {config.num_agents} agents")
     chosen = backend(config.env_backend)
     spec, loss = chosen.spec(config.env_id), loss_named(config.loss)
-    return Plan(config, run_dir, chosen, spec, environment, newest, loss=loss)
+    return Plan(config, run_dir, chosen, spec, environment, newest, loss=loss, **_factories(config, spec))
+
+
+def _factories(config: PPOConfig, spec: EnvSpec) -> dict[str, Any]:
+    """The model and optimizer factories ``config`` names, a user's imported and checked against the task now
+    (ConfigError naming it), before anything is written: the plan's ``model`` and ``optimizer``."""
+    model = None if config.network in NETWORKS else network_named(config.network)
+    optimizer = optimizer_named(config.optimizer)
+    shaped = None if model is None else check_model(model, spec)
+    if optimizer is not make_optimizer:
+        shaped = shaped or eqx.filter_eval_shape(default_model, spec, jax.random.key(0), init=config.network_init)
+        check_optimizer(optimizer, config, shaped)
+    return {"model": model, "optimizer": optimizer}

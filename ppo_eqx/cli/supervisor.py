@@ -230,6 +230,8 @@ class Supervisor:
             conv_impl=self.conv_impl,
             spec=plan.spec,
             loss=plan.loss,
+            model=plan.model,
+            optimizer=plan.optimizer,
         )
         STARTUP.lap("trainer")
         per_dispatch = config.iterations_per_dispatch

@@ -44,7 +44,12 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
         if plan.nothing_to_resume:  # it went on to its end while this process started
             print(plan.nothing_to_resume, flush=True)
             return 0
-        restore = None if plan.resume is None else load_checkpoint(plan.resume, plan.config, plan.spec, conv_impl=route)
+        factories = {"model": plan.model, "optimizer": plan.optimizer}
+        restore = (
+            None
+            if plan.resume is None
+            else load_checkpoint(plan.resume, plan.config, plan.spec, conv_impl=route, **factories)
+        )
         options = RunOptions.of(args, None if plan.resume is None else plan.resume.metadata)
         STARTUP.lap("run_dir")
         return Supervisor(options, plan, mesh, restore, directory).run()

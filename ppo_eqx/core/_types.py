@@ -5,7 +5,7 @@ Axes: ``T`` time, ``N`` envs, ``B`` minibatch, ``A`` actions, ``E`` epochs, ``M`
 ``*obs`` stands for the observation shape of one env (``4 84 84`` for Atari frames).
 """
 
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from jaxtyping import Array, Bool, Float, Int, Shaped
 
@@ -86,6 +86,21 @@ class Batch(NamedTuple):
     values: Float[Array, " B"]
     advantages: Float[Array, " B"]
     returns: Float[Array, " B"]
+
+
+class SequenceBatch(NamedTuple):
+    """A recurrent policy's batch (``core.recurrent``): whole env sequences, time-major, with what replaying them
+    needs. ``starts[t, n]`` is True where ``obs[t, n]`` begins an episode (the memory was reset before it), and
+    ``memory`` is each env's memory before the sequence's first step (leaves ``[N, ...]``)."""
+
+    obs: Shaped[Array, "T N *obs"]
+    actions: Int[Array, "T N"] | Float[Array, "T N A"]
+    logprobs: Float[Array, "T N"]
+    values: Float[Array, "T N"]
+    advantages: Float[Array, "T N"]
+    returns: Float[Array, "T N"]
+    starts: Bool[Array, "T N"]
+    memory: Any
 
 
 class LossInfo(NamedTuple):

@@ -18,11 +18,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 
-from ._types import Batch, EnvOutput, EpisodeStats
+from ._types import Batch, EnvOutput, EpisodeStats, SequenceBatch
 from .envs import AsyncPool, EnvStep, Pool, agents_env_step
 from .envs.normalize import NormalizedHandle, kept
 from .gae import compute_gae, compute_gae_by_env, truncation_bootstrap
 from .policy import Policy
+from .recurrent import RecurrentPolicy
 from .rollout import (
     AsyncRolloutCarry,
     RolloutCarry,
@@ -30,6 +31,7 @@ from .rollout import (
     fresh_episodes,
     init_async_carry,
     prime_async,
+    recurrent_rollout,
     rollout,
 )
 
@@ -39,7 +41,7 @@ Carry = RolloutCarry | AsyncRolloutCarry
 class Collector(NamedTuple):
     carry: Callable[[EpisodeStats], Any]
     prime: Callable[[Policy, Any, PRNGKeyArray], tuple[Any, PRNGKeyArray]]
-    collect: Callable[..., tuple[Any, Batch]]
+    collect: Callable[..., tuple[Any, Batch | SequenceBatch]]
     """``collect(model, carry, key, *, gamma, gae_lambda)``."""
     save: Callable[[Any], PyTree]
     """What a checkpoint keeps of a carry: the episode statistics of a host pool (its envs cannot be saved), the
@@ -86,8 +88,9 @@ def bootstrapping_step(env_step: EnvStep, model: Policy, gamma: Discount) -> Env
 
 def _rollout_collect(
     step: EnvStep, *, num_steps: int, first_env: int, total_envs: int | None, bootstrap_truncated: bool
-) -> Callable[..., tuple[RolloutCarry, Batch]]:
-    """``collect`` of a synchronous pool stepped by ``step``: ``rollout``, then ``compute_gae``."""
+) -> Callable[..., tuple[RolloutCarry, Batch | SequenceBatch]]:
+    """``collect`` of a synchronous pool stepped by ``step``: ``rollout``, then ``compute_gae``; for a recurrent
+    policy (a carry with a memory) ``recurrent_rollout``, and a ``SequenceBatch`` with the memory it started from."""
 
     def collect(
         model: Policy,
@@ -96,7 +99,18 @@ def _rollout_collect(
         *,
         gamma: Discount,
         gae_lambda: Discount,
-    ) -> tuple[RolloutCarry, Batch]:
+    ) -> tuple[RolloutCarry, Batch | SequenceBatch]:
+        if carry.memory is not None:
+            if not isinstance(model, RecurrentPolicy) or bootstrap_truncated:
+                raise ValueError("a carry with a memory is a RecurrentPolicy's, without bootstrap_truncated")
+            memory = carry.memory
+            carry, t, starts, last_value = recurrent_rollout(
+                model, step, carry, num_steps=num_steps, key=key, first_env=first_env, total_envs=total_envs
+            )
+            advantages, returns = compute_gae(
+                t.rewards, t.values, t.dones, last_value, gamma=gamma, gae_lambda=gae_lambda
+            )
+            return carry, SequenceBatch(t.obs, t.actions, t.logprobs, t.values, advantages, returns, starts, memory)
         env_step = bootstrapping_step(step, model, gamma) if bootstrap_truncated else step
         carry, t, last_value = rollout(
             model, env_step, carry, num_steps=num_steps, key=key, first_env=first_env, total_envs=total_envs
@@ -112,6 +126,24 @@ def _per_agent(x: Array, num_agents: int) -> Array:
     return x if num_agents == 1 else x.reshape((num_agents, -1) + x.shape[1:])
 
 
+InitialMemory = Callable[[int], PyTree]
+"""A recurrent policy's ``initial_memory``: the memory of N fresh envs (``core.recurrent``)."""
+
+
+def fresh_carry(
+    handle: Any, obs: Any, stats: EpisodeStats, num_agents: int, memory: InitialMemory | None
+) -> RolloutCarry:
+    """The carry of fresh envs: their handle and first observations (``[S*N, ...]``, split per agent), the episode
+    statistics, and, for a recurrent policy (``memory``), each env's fresh memory with every env at an episode's
+    start."""
+    obs = _per_agent(jnp.asarray(obs), num_agents)
+    if memory is None:
+        return RolloutCarry(handle, obs, stats)
+    envs = obs.shape[0] * (obs.shape[1] if num_agents > 1 else 1)
+    fresh = jax.tree.map(lambda x: _per_agent(x, num_agents), memory(envs))
+    return RolloutCarry(handle, obs, stats, fresh, jnp.ones(obs.shape[: 2 if num_agents > 1 else 1], bool))
+
+
 def sync_collector(
     pool: Pool,
     *,
@@ -121,6 +153,7 @@ def sync_collector(
     total_envs: int | None = None,
     bootstrap_truncated: bool = False,
     renormalize: Callable[[NormalizedHandle], Pool] | None = None,
+    memory: InitialMemory | None = None,
 ) -> Collector:
     """Roll out every env of ``pool`` ``num_steps`` times (``rollout``), then ``compute_gae``.
 
@@ -129,12 +162,13 @@ def sync_collector(
     ``first_env`` and ``total_envs`` say which envs of a larger run these are (one process's share, see
     ``rollout``). With ``bootstrap_truncated``, a time limit is bootstrapped from the value of the final
     observation (``bootstrapping_step``). A ``pool`` normalised by ``normalize_pool`` passes ``renormalize``, which
-    makes it again with a checkpoint's statistics: its checkpoints keep them (``normalize.kept``).
+    makes it again with a checkpoint's statistics: its checkpoints keep them (``normalize.kept``). A recurrent
+    policy's ``memory`` (its ``initial_memory``) gives each fresh env a memory in the carry.
     """
     step = pool.step if num_agents == 1 else agents_env_step(pool.step, num_agents)
 
     def carry(stats: EpisodeStats) -> RolloutCarry:
-        return RolloutCarry(pool.handle, _per_agent(jnp.asarray(pool.first_obs), num_agents), stats)
+        return fresh_carry(pool.handle, pool.first_obs, stats, num_agents, memory)
 
     collect = _rollout_collect(
         step, num_steps=num_steps, first_env=first_env, total_envs=total_envs, bootstrap_truncated=bootstrap_truncated
@@ -143,15 +177,19 @@ def sync_collector(
 
         def restore(saved: RolloutCarry) -> RolloutCarry:
             again = renormalize(saved.handle)
-            first_obs = _per_agent(jnp.asarray(again.first_obs), num_agents)
-            return RolloutCarry(again.handle, first_obs, fresh_episodes(saved.stats))
+            return fresh_carry(again.handle, again.first_obs, fresh_episodes(saved.stats), num_agents, memory)
 
         return Collector(carry, no_prime, collect, kept, restore, True)
     return Collector(carry, no_prime, collect, stats_of, lambda stats: carry(fresh_episodes(stats)), True)
 
 
 def jax_env_collector(
-    pool: Pool, *, num_steps: int, num_agents: int = 1, bootstrap_truncated: bool = False
+    pool: Pool,
+    *,
+    num_steps: int,
+    num_agents: int = 1,
+    bootstrap_truncated: bool = False,
+    memory: InitialMemory | None = None,
 ) -> Collector:
     """``sync_collector`` for a pool whose handle is its envs' whole state (``EnvBackend.state_is_data``).
 
@@ -163,7 +201,7 @@ def jax_env_collector(
 
     def carry(stats: EpisodeStats) -> RolloutCarry:
         handle = jax.tree.map(lambda x: _per_agent(x, num_agents), pool.handle)
-        return RolloutCarry(handle, _per_agent(jnp.asarray(pool.first_obs), num_agents), stats)
+        return fresh_carry(handle, pool.first_obs, stats, num_agents, memory)
 
     collect = _rollout_collect(
         pool.step, num_steps=num_steps, first_env=0, total_envs=None, bootstrap_truncated=bootstrap_truncated

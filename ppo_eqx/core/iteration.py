@@ -13,14 +13,15 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int, PRNGKeyArray, PyTree
 
-from ._types import Batch, EpisodeStats
+from ._types import Batch, EpisodeStats, SequenceBatch
 from .checks import typechecked
 from .collect import Carry, Collector
 from .hyperparameters import AgentHyperparameters, Sizes
 from .loss import Loss, model_loss, reported
 from .policy import Policy
+from .recurrent import RecurrentPolicy
 from .state import AgentKeys, TrainState
-from .update import current_learning_rate, update
+from .update import OptimizerFactory, current_learning_rate, make_optimizer, sequence_update, update
 
 Metrics = dict[str, Float[Array, "*S"]]
 """Scalars of one iteration; with ``num_agents`` S > 1, one per agent."""
@@ -41,7 +42,7 @@ class Collected(NamedTuple):
     and returns, the state's next key and the key of the update."""
 
     carry: Carry
-    batch: Batch
+    batch: Batch | SequenceBatch
     key: AgentKeys
     update_key: PRNGKeyArray
 
@@ -57,19 +58,29 @@ def collect(
     return Collected(carry, batch, key, update_key)
 
 
-Update = Callable[[Policy, PyTree, Batch, AgentHyperparameters, PRNGKeyArray], tuple[Policy, PyTree, Any]]
+Update = Callable[
+    [Policy, PyTree, Batch | SequenceBatch, AgentHyperparameters, PRNGKeyArray], tuple[Policy, PyTree, Any]
+]
 """``update(model, opt_state, batch, hyperparameters, key) -> (model, opt_state, infos)`` on a time-major batch:
 ``one_device_update`` or the mesh's sharded update; ``infos`` what the loss reported at every step."""
 
 
-def one_device_update(sizes: Sizes, loss: Loss = model_loss) -> Update:
-    """``update`` (descending ``loss``) of the batch flattened to ``[T*N, ...]``."""
+def one_device_update(sizes: Sizes, loss: Loss = model_loss, optimizer: OptimizerFactory = make_optimizer) -> Update:
+    """``update`` (descending ``loss`` with ``optimizer``) of the batch flattened to ``[T*N, ...]``."""
 
     def one_device(
-        model: Policy, opt_state: PyTree, batch: Batch, hyperparameters: AgentHyperparameters, key: PRNGKeyArray
+        model: Policy,
+        opt_state: PyTree,
+        batch: Batch | SequenceBatch,
+        hyperparameters: AgentHyperparameters,
+        key: PRNGKeyArray,
     ) -> tuple[Policy, PyTree, Any]:
+        if isinstance(batch, SequenceBatch):  # a recurrent policy's: whole env sequences
+            assert isinstance(model, RecurrentPolicy)
+            sequences = dict(sizes=sizes, loss=loss, optimizer=optimizer, key=key)
+            return sequence_update(model, opt_state, batch, hyperparameters, **sequences)  # type: ignore[arg-type]
         flat = jax.tree.map(lambda x: x.reshape((-1, *x.shape[2:])), batch)
-        return update(model, opt_state, flat, hyperparameters, sizes=sizes, loss=loss, key=key)
+        return update(model, opt_state, flat, hyperparameters, sizes=sizes, loss=loss, optimizer=optimizer, key=key)
 
     return one_device
 
@@ -77,16 +88,17 @@ def one_device_update(sizes: Sizes, loss: Loss = model_loss) -> Update:
 def learn(
     model: Policy,
     opt_state: PyTree,
-    batch: Batch,
+    batch: Batch | SequenceBatch,
     hyperparameters: AgentHyperparameters,
     key: PRNGKeyArray,
     *,
     update: Update,
 ) -> tuple[Policy, PyTree, Metrics]:
-    """The second stage: ``update``, then its metrics (CleanRL's: the learning rate after the update, then every
-    value the loss reported, ``loss_metrics``) and ``FINITE``."""
+    """The second stage: ``update``, then its metrics (CleanRL's: the learning rate after the update, where the
+    optimizer's state holds one, then every value the loss reported, ``loss_metrics``) and ``FINITE``."""
     model, opt_state, infos = update(model, opt_state, batch, hyperparameters, key)
-    metrics = {"learning_rate": current_learning_rate(opt_state), **loss_metrics(infos)}
+    learning_rate = current_learning_rate(opt_state)
+    metrics = {**({} if learning_rate is None else {"learning_rate": learning_rate}), **loss_metrics(infos)}
     return model, opt_state, {**metrics, FINITE: all_finite((model, opt_state))}
 
 
@@ -160,15 +172,17 @@ def over_iterations(iteration: Iteration, length: int) -> Chunk:
 
 
 @typechecked
-def make_iteration(collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> Iteration:
+def make_iteration(
+    collector: Collector, sizes: Sizes, *, loss: Loss = model_loss, optimizer: OptimizerFactory = make_optimizer
+) -> Iteration:
     """The pure PPO iteration on one device: ``collect`` (``num_steps`` env steps and GAE), then ``learn``
-    (``update_epochs`` epochs of minibatch steps on ``loss``, default CleanRL's). Its metrics follow CleanRL's
-    (``learn``, ``episode_metrics``), with ``FINITE`` besides.
+    (``update_epochs`` epochs of minibatch steps on ``loss`` with ``optimizer``, default CleanRL's). Its metrics
+    follow CleanRL's (``learn``, ``episode_metrics``), with ``FINITE`` besides.
 
     With ``sizes.num_agents`` S > 1 the collector is one agent's (``sync_collector(num_agents=S)``) and the
     iteration is that agent's ``vmap``-ed over S (``over_agents``): every metric is ``[S]``.
     """
-    update = one_device_update(sizes, loss)
+    update = one_device_update(sizes, loss, optimizer)
 
     def collect_stage(state: TrainState) -> Collected:
         return collect(state.model, state.carry, state.key, state.hyperparameters, collector=collector)
@@ -217,23 +231,29 @@ class Stages(NamedTuple):
     compute what ``make_iteration`` computes, the metrics being the episode's and then the learning's.
     """
 
-    collect: Callable[..., tuple[Carry, Batch, AgentKeys, PRNGKeyArray, Metrics]]
+    collect: Callable[..., tuple[Carry, Batch | SequenceBatch, AgentKeys, PRNGKeyArray, Metrics]]
     learn: Callable[..., tuple[Policy, PyTree, Metrics]]
 
 
-def make_stages(collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> Stages:
+def make_stages(
+    collector: Collector, sizes: Sizes, *, loss: Loss = model_loss, optimizer: OptimizerFactory = make_optimizer
+) -> Stages:
     """``make_iteration``'s two stages apart (``Stages``)."""
-    update = one_device_update(sizes, loss)
+    update = one_device_update(sizes, loss, optimizer)
 
     def collect_stage(
         hyperparameters: AgentHyperparameters, model: Policy, carry: Carry, key: PRNGKeyArray
-    ) -> tuple[Carry, Batch, PRNGKeyArray, PRNGKeyArray, Metrics]:
+    ) -> tuple[Carry, Batch | SequenceBatch, PRNGKeyArray, PRNGKeyArray, Metrics]:
         collected = collect(model, carry, key, hyperparameters, collector=collector)
         metrics = episode_metrics(collected.carry.stats)
         return collected.carry, collected.batch, collected.key, collected.update_key, metrics
 
     def learn_stage(
-        hyperparameters: AgentHyperparameters, model: Policy, opt_state: PyTree, batch: Batch, key: PRNGKeyArray
+        hyperparameters: AgentHyperparameters,
+        model: Policy,
+        opt_state: PyTree,
+        batch: Batch | SequenceBatch,
+        key: PRNGKeyArray,
     ) -> tuple[Policy, PyTree, Metrics]:
         return learn(model, opt_state, batch, hyperparameters, key, update=update)
 
@@ -242,7 +262,7 @@ def make_stages(collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) 
 
     def collect_agents(
         hyperparameters: AgentHyperparameters, model: Policy, carry: Carry, key: AgentKeys
-    ) -> tuple[Carry, Batch, AgentKeys, PRNGKeyArray, Metrics]:
+    ) -> tuple[Carry, Batch | SequenceBatch, AgentKeys, PRNGKeyArray, Metrics]:
         carry_axes = _arrays(carry)
         if collector.shared_handle:
             carry_axes = eqx.tree_at(lambda c: c.handle, carry_axes, None, is_leaf=_is_none)
@@ -251,7 +271,11 @@ def make_stages(collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) 
         return eqx.filter_vmap(collect_stage, in_axes=in_axes, out_axes=out_axes)(hyperparameters, model, carry, key)
 
     def learn_agents(
-        hyperparameters: AgentHyperparameters, model: Policy, opt_state: PyTree, batch: Batch, key: PRNGKeyArray
+        hyperparameters: AgentHyperparameters,
+        model: Policy,
+        opt_state: PyTree,
+        batch: Batch | SequenceBatch,
+        key: PRNGKeyArray,
     ) -> tuple[Policy, PyTree, Metrics]:
         in_axes = (hyperparameters.axes(), _arrays(model), _arrays(opt_state), 0, 0)
         vmapped = eqx.filter_vmap(learn_stage, in_axes=in_axes, out_axes=(_arrays(model), _arrays(opt_state), 0))

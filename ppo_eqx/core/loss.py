@@ -8,10 +8,11 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from ..errors import ConfigError
-from ._types import Batch, LossInfo
+from ._types import Batch, LossInfo, SequenceBatch
 from .checks import one_agent, typechecked
 from .hyperparameters import AgentHyperparameters
 from .policy import Policy
+from .recurrent import RecurrentPolicy
 
 
 def normalize_advantages(advantages: Float[Array, " B"], ddof: int = 0) -> Float[Array, " B"]:
@@ -66,15 +67,33 @@ def ppo_loss(
     return loss, info
 
 
+def evaluated(
+    model: Policy, batch: Batch | SequenceBatch, *, prepared: bool = False
+) -> tuple[tuple[Float[Array, " B"], Float[Array, " B"], Float[Array, " B"]], Batch]:
+    """``model``'s log-probabilities of ``batch``'s actions, its entropies and values, and ``batch`` as a flat
+    ``Batch`` beside them: a ``SequenceBatch``'s ``[T, n]`` sequences replayed from their memory by a recurrent
+    policy (``RecurrentPolicy.evaluate_sequences``), then flattened to ``[T*n]``."""
+    if not isinstance(batch, SequenceBatch):
+        return model.evaluate_actions(batch.obs, batch.actions, prepared=prepared), batch
+    if not isinstance(model, RecurrentPolicy):
+        raise TypeError(f"a SequenceBatch is a RecurrentPolicy's to evaluate, not a {type(model).__name__}'s")
+    logprob, entropy, value = model.evaluate_sequences(
+        batch.memory, batch.obs, batch.starts, batch.actions, prepared=prepared
+    )
+    flat = [x.reshape((-1, *x.shape[2:])) for x in batch[:6]]
+    return (logprob.reshape(-1), entropy.reshape(-1), value.reshape(-1)), Batch(*flat)
+
+
 @typechecked
 def model_loss(
-    model: Policy, batch: Batch, hyperparameters: AgentHyperparameters, *, prepared: bool = False
+    model: Policy, batch: Batch | SequenceBatch, hyperparameters: AgentHyperparameters, *, prepared: bool = False
 ) -> tuple[Float[Array, ""], LossInfo]:
     """``ppo_loss`` of ``model`` on ``batch``; differentiate it with ``eqx.filter_value_and_grad``.
 
-    ``prepared``: ``batch.obs`` already went through ``model.prepare``.
+    ``prepared``: ``batch.obs`` already went through ``model.prepare``. A recurrent policy's ``SequenceBatch`` is
+    replayed and flattened first (``evaluated``).
     """
-    new_logprob, entropy, new_value = model.evaluate_actions(batch.obs, batch.actions, prepared=prepared)
+    (new_logprob, entropy, new_value), batch = evaluated(model, batch, prepared=prepared)
     return ppo_loss(
         new_logprob,
         new_value,
@@ -88,12 +107,11 @@ def model_loss(
 
 
 def torch_model_loss(
-    model: Policy, batch: Batch, hyperparameters: AgentHyperparameters, *, prepared: bool = False
+    model: Policy, batch: Batch | SequenceBatch, hyperparameters: AgentHyperparameters, *, prepared: bool = False
 ) -> tuple[Float[Array, ""], LossInfo]:
     """``model_loss`` as CleanRL's torch scripts compute it (``ppo_continuous_action.py``): the advantages
     normalised by their sample standard deviation (torch's ``std()``). The loss ``loss="cleanrl-torch"`` names."""
-    new_logprob, entropy, new_value = model.evaluate_actions(batch.obs, batch.actions, prepared=prepared)
-    old = batch
+    (new_logprob, entropy, new_value), old = evaluated(model, batch, prepared=prepared)
     return ppo_loss(
         new_logprob, new_value, entropy, old.logprobs, old.values, old.advantages, old.returns, hyperparameters,
         std_ddof=1,
@@ -107,7 +125,8 @@ class Loss(Protocol):
 
     ``model_loss`` (CleanRL's) is one. ``minibatch`` is a flat ``Batch`` whose observations went through
     ``model.prepare`` once for all epochs: pass ``prepared`` on to the model (``model(obs, prepared=prepared)``,
-    ``model.evaluate_actions(..., prepared=prepared)``, ``model_loss(..., prepared=prepared)``). Each reported value
+    ``model.evaluate_actions(..., prepared=prepared)``, ``model_loss(..., prepared=prepared)``); for a recurrent
+    policy it is a ``SequenceBatch`` of whole env sequences (``evaluated`` replays and flattens it). Each reported value
     becomes a metric of its name (metrics.jsonl, TensorBoard's ``losses/NAME``): the last minibatch step's, as
     CleanRL reports its losses (``clip_fraction``: the mean over the steps). On a mesh each device evaluates the
     loss on the whole minibatch, so a loss of minibatch statistics computes what one device computes
@@ -115,7 +134,13 @@ class Loss(Protocol):
     """
 
     def __call__(
-        self, model: Policy, minibatch: Batch, hyperparameters: AgentHyperparameters, /, *, prepared: bool
+        self,
+        model: Policy,
+        minibatch: Batch | SequenceBatch,
+        hyperparameters: AgentHyperparameters,
+        /,
+        *,
+        prepared: bool,
     ) -> tuple[Float[Array, ""], Any]: ...
 
 

@@ -13,6 +13,7 @@ from .checks import typechecked
 from .envs import AsyncEnv, EnvStep
 from .policy import Policy
 from .policy import sample_actions as sample_actions  # its home before the model interface
+from .recurrent import RecurrentPolicy
 
 
 def init_episode_stats(num_envs: int) -> EpisodeStats:
@@ -51,11 +52,15 @@ def count_step(stats: EpisodeStats, raw_reward: Float[Array, " N"], over: Bool[A
 
 
 class RolloutCarry(NamedTuple):
-    """What one rollout hands the next: the env backend's handle, the current observation, episode statistics."""
+    """What one rollout hands the next: the env backend's handle, the current observation, episode statistics; for
+    a recurrent policy (``core.recurrent``) also each env's memory and whether the current observation begins an
+    episode (``starts``: the memory is reset before it)."""
 
     handle: Any
     obs: Observation
     stats: EpisodeStats
+    memory: Any = None
+    starts: Bool[Array, " N"] | None = None
 
 
 def act(
@@ -103,6 +108,34 @@ def rollout(
     carry, transitions = jax.lax.scan(step, carry, jax.random.split(key, num_steps))
     _, last_value = model(carry.obs)
     return carry, transitions, last_value
+
+
+def recurrent_rollout(
+    model: RecurrentPolicy,
+    env_step: EnvStep,
+    carry: RolloutCarry,
+    *,
+    num_steps: int,
+    key: PRNGKeyArray,
+    first_env: int = 0,
+    total_envs: int | None = None,
+) -> tuple[RolloutCarry, Transition, Bool[Array, "T N"], Float[Array, " N"]]:
+    """``rollout`` of a recurrent policy, whose memory (``carry.memory``) each step moves on after resetting it
+    where the observation begins an episode (``carry.starts``, the previous step's ``done``). Returns the carry, the
+    transitions, each step's ``starts`` and the value of the last observation (under the memory it reached)."""
+    _check_rollout(model, env_step, carry, num_steps)
+
+    def step(carry: RolloutCarry, step_key: PRNGKeyArray) -> tuple[RolloutCarry, tuple[Transition, Array]]:
+        memory, outputs, value = model.step(carry.memory, carry.obs, carry.starts)
+        action, logprob = model.sample(step_key, outputs, first_env=first_env, total_envs=total_envs)
+        handle, out = env_step(carry.handle, action)
+        transition = Transition(carry.obs, action, logprob, value, out.reward, out.done)
+        stats = update_episode_stats(carry.stats, out)
+        return RolloutCarry(handle, out.obs, stats, memory, out.done), (transition, carry.starts)
+
+    carry, (transitions, starts) = jax.lax.scan(step, carry, jax.random.split(key, num_steps))
+    _, _, last_value = model.step(carry.memory, carry.obs, carry.starts)
+    return carry, transitions, starts, last_value
 
 
 def _check_rollout(model: Policy, env_step: EnvStep, carry: RolloutCarry, num_steps: int) -> None:

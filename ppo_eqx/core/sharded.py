@@ -22,7 +22,7 @@ from ._types import Batch, LossInfo
 from .hyperparameters import AgentHyperparameters, Sizes
 from .loss import Loss, model_loss, normalize_advantages
 from .policy import Policy
-from .update import make_optimizer, minibatch_indices, minibatch_steps, params_loss
+from .update import OptimizerFactory, make_optimizer, minibatch_indices, minibatch_steps, params_loss
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None, *, axis_name: str = "data") -> Mesh:
@@ -57,6 +57,7 @@ def sharded_update(
     mesh: Mesh,
     sizes: Sizes,
     loss: Loss = model_loss,
+    optimizer: OptimizerFactory = make_optimizer,
     key: PRNGKeyArray,
 ) -> tuple[Policy, PyTree, LossInfo | Any]:
     """``ppo_eqx.core.update.update`` with each minibatch split evenly across the devices of ``mesh``.
@@ -83,9 +84,9 @@ def sharded_update(
     )
     indices = _gathered_rows(indices, num_steps, num_envs, num_shards)
     if loss is model_loss:
-        local_update = _local_update(static, sizes, axis=axis, shard_size=minibatch_size // num_shards)
+        local_update = _local_update(static, sizes, optimizer, axis=axis, shard_size=minibatch_size // num_shards)
     else:
-        local_update = _whole_minibatch_update(static, sizes, loss, axis=axis)
+        local_update = _whole_minibatch_update(static, sizes, loss, optimizer, axis=axis)
     replicated = PartitionSpec()
     params, opt_state, infos = jax.shard_map(
         local_update,
@@ -110,7 +111,9 @@ def _gathered_rows(indices: Int[Array, "EM mb"], num_steps: int, num_envs: int, 
     return (shard * num_steps + step) * envs_per_shard + column
 
 
-def _local_update(static: PyTree, sizes: Sizes, *, axis: str, shard_size: int) -> Callable[..., Any]:
+def _local_update(
+    static: PyTree, sizes: Sizes, optimizer: OptimizerFactory, *, axis: str, shard_size: int
+) -> Callable[..., Any]:
     """What each device runs under ``shard_map``.
 
     A minibatch draws its rows from the whole batch, so each device first gathers the whole batch (one
@@ -146,7 +149,7 @@ def _local_update(static: PyTree, sizes: Sizes, *, axis: str, shard_size: int) -
             opt_state,
             whole,
             own,
-            optimizer=make_optimizer(hyperparameters, sizes),
+            optimizer=optimizer(hyperparameters, sizes),
             unroll=sizes.minibatch_unroll,
             advantages=advantages,
             reduce_grads=mean_over_devices,
@@ -165,7 +168,9 @@ def _gather_whole(shard: Batch, model: Policy, axis: str) -> Batch:
     return jax.tree.map(lambda x: jax.lax.all_gather(x, axis, tiled=True), shard)
 
 
-def _whole_minibatch_update(static: PyTree, sizes: Sizes, loss: Loss, *, axis: str) -> Callable[..., Any]:
+def _whole_minibatch_update(
+    static: PyTree, sizes: Sizes, loss: Loss, optimizer: OptimizerFactory, *, axis: str
+) -> Callable[..., Any]:
     """What each device runs under ``shard_map`` for a loss of the user's (``core.loss.Loss``), which may use the
     minibatch's own statistics (a shard's would differ): every device gathers the whole batch and takes each
     minibatch step on the whole minibatch, in the one-device update's row order, so that it computes what one
@@ -186,7 +191,7 @@ def _whole_minibatch_update(static: PyTree, sizes: Sizes, loss: Loss, *, axis: s
             opt_state,
             whole,
             indices,
-            optimizer=make_optimizer(hyperparameters, sizes),
+            optimizer=optimizer(hyperparameters, sizes),
             unroll=sizes.minibatch_unroll,
         )
 

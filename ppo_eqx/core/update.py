@@ -9,11 +9,12 @@ import jax.numpy as jnp
 import optax
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray, PyTree
 
-from ._types import Batch, LossInfo
+from ._types import Batch, LossInfo, SequenceBatch
 from .checks import check_actions, check_fields, one_agent, typechecked
 from .hyperparameters import AgentHyperparameters, Sizes
 from .loss import Loss, model_loss
 from .policy import Policy
+from .recurrent import RecurrentPolicy
 
 
 def learning_rate_schedule(hyperparameters: AgentHyperparameters, sizes: Sizes) -> optax.Schedule:
@@ -28,6 +29,12 @@ def learning_rate_schedule(hyperparameters: AgentHyperparameters, sizes: Sizes) 
     return schedule
 
 
+OptimizerFactory = Callable[[AgentHyperparameters, Sizes], optax.GradientTransformation]
+"""``optimizer(hyperparameters, sizes)``: one agent's ``optax.GradientTransformation`` from its hyperparameters (arrays:
+a sweep's agents each have their own) and the run's sizes; called inside the iteration (its state is the agent's, in
+every checkpoint). ``make_optimizer`` (CleanRL's) is one; ``PPOConfig.optimizer`` names one of the user's."""
+
+
 def make_optimizer(hyperparameters: AgentHyperparameters, sizes: Sizes) -> optax.GradientTransformation:
     """One agent's optimizer: global-norm clipping at ``max_grad_norm``, then Adam (eps=1e-5) whose learning rate,
     ``learning_rate_schedule``, is injected state (read back by ``current_learning_rate``). Built inside the
@@ -38,9 +45,16 @@ def make_optimizer(hyperparameters: AgentHyperparameters, sizes: Sizes) -> optax
     )
 
 
-def current_learning_rate(opt_state: PyTree) -> Float[Array, ""]:
-    """The learning rate that the last Adam step used (from ``make_optimizer``'s state)."""
-    return opt_state[1].hyperparams["learning_rate"]
+def current_learning_rate(opt_state: PyTree) -> Float[Array, ""] | None:
+    """The learning rate that the last step used, where the optimizer's state holds one as an injected
+    hyperparameter (``make_optimizer``'s does: ``optax.inject_hyperparams``); None where it holds none (an optimizer
+    of the user's without one: its runs report no ``learning_rate``)."""
+
+    def injected(node: Any) -> bool:  # optax's InjectHyperparamsState (and its stateful kin) hold ``hyperparams``
+        return isinstance(getattr(node, "hyperparams", None), Mapping) and "learning_rate" in node.hyperparams
+
+    states = [node for node in jax.tree.leaves(opt_state, is_leaf=injected) if injected(node)]
+    return states[0].hyperparams["learning_rate"] if states else None
 
 
 def minibatch_indices(
@@ -52,7 +66,7 @@ def minibatch_indices(
     return permutations.reshape(update_epochs * num_minibatches, batch_size // num_minibatches)
 
 
-LossFn = Callable[[PyTree, Batch], tuple[Float[Array, ""], Any]]
+LossFn = Callable[[PyTree, Any], tuple[Float[Array, ""], Any]]
 
 
 def params_loss(static: PyTree, hyperparameters: AgentHyperparameters, loss: Loss = model_loss) -> LossFn:
@@ -60,7 +74,7 @@ def params_loss(static: PyTree, hyperparameters: AgentHyperparameters, loss: Los
     minibatches whose observations are already ``prepare``d. What it reports has a ``loss``: the scalar it returns,
     where a mapping it reports has none."""
 
-    def loss_fn(params: PyTree, minibatch: Batch) -> tuple[Float[Array, ""], Any]:
+    def loss_fn(params: PyTree, minibatch: Batch | SequenceBatch) -> tuple[Float[Array, ""], Any]:
         value, info = loss(eqx.combine(params, static), minibatch, hyperparameters, prepared=True)
         if isinstance(info, Mapping) and "loss" not in info:
             info = {"loss": value, **info}
@@ -73,19 +87,21 @@ def minibatch_steps(
     loss_fn: LossFn,
     params: PyTree,
     opt_state: PyTree,
-    batch: Batch,
+    batch: Batch | SequenceBatch,
     indices: Int[Array, "EM mb"],
     *,
     optimizer: optax.GradientTransformation,
     unroll: int = 1,
     advantages: Float[Array, "EM mb"] | None = None,
     reduce_grads: Callable[[PyTree], PyTree] | None = None,
+    select: Callable[[Any, Array], Any] | None = None,
 ) -> tuple[PyTree, PyTree, LossInfo | Any]:
     """One optimizer step on ``loss_fn`` per row of ``indices`` (the rows of ``batch`` in that minibatch), in a
     ``lax.scan`` with ``unroll``. Returns the parameters, optimizer state and what the loss reported at every step.
 
     ``advantages``, if given, replace each minibatch's own (row k's for step k); ``reduce_grads`` is applied
-    to the gradients before the optimizer step (the data-parallel update averages them across devices).
+    to the gradients before the optimizer step (the data-parallel update averages them across devices);
+    ``select(batch, index)`` is a minibatch (default: the rows ``index`` of every field).
     """
 
     def step(
@@ -95,7 +111,10 @@ def minibatch_steps(
         index, step_advantages = xs
         # The rows are a permutation, always in bounds: "clip" is XLA's own gather, where jnp's default ("fill")
         # adds a select over every gathered frame.
-        minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0, mode="clip"), batch)
+        if select is None:
+            minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0, mode="clip"), batch)
+        else:
+            minibatch = select(batch, index)
         if step_advantages is not None:
             minibatch = minibatch._replace(advantages=step_advantages)
         (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, minibatch)
@@ -117,11 +136,12 @@ def update(
     *,
     sizes: Sizes,
     loss: Loss = model_loss,
+    optimizer: OptimizerFactory = make_optimizer,
     key: PRNGKeyArray,
 ) -> tuple[Policy, PyTree, LossInfo | Any]:
     """``sizes.update_epochs`` passes over ``batch`` in ``sizes.num_minibatches`` minibatches, one step each of
-    the agent's optimizer (``make_optimizer``) on ``loss`` (default CleanRL's, ``model_loss``; any ``Loss``), both
-    with ``hyperparameters``.
+    the agent's ``optimizer`` (default CleanRL's, ``make_optimizer``) on ``loss`` (default CleanRL's,
+    ``model_loss``; any ``Loss``), both with ``hyperparameters``.
 
     Returns the new model and optimizer state, and what the loss reported at every step (``LossInfo`` for
     ``model_loss``), each value shaped ``[update_epochs * num_minibatches]`` (epoch-major). The steps run in one
@@ -140,8 +160,56 @@ def update(
         opt_state,
         batch,
         indices,
-        optimizer=make_optimizer(hyperparameters, sizes),
+        optimizer=optimizer(hyperparameters, sizes),
         unroll=sizes.minibatch_unroll,
+    )
+    return eqx.combine(params, static), opt_state, infos
+
+
+def sequence_update(
+    model: RecurrentPolicy,
+    opt_state: PyTree,
+    batch: SequenceBatch,
+    hyperparameters: AgentHyperparameters,
+    *,
+    sizes: Sizes,
+    loss: Loss = model_loss,
+    optimizer: OptimizerFactory = make_optimizer,
+    key: PRNGKeyArray,
+) -> tuple[RecurrentPolicy, PyTree, LossInfo | Any]:
+    """``update`` of a recurrent policy on whole env sequences (CleanRL's ``ppo_atari_lstm.py``): each epoch the N
+    envs of the time-major ``batch`` are shuffled and split into ``num_minibatches`` groups, and each minibatch is
+    its envs' whole ``[T, n]`` sequences with the memory they started from, which ``loss`` replays
+    (``RecurrentPolicy.evaluate_sequences``)."""
+    num_envs = batch.actions.shape[1]
+    if sizes.update_epochs < 1 or sizes.num_minibatches < 1 or num_envs % sizes.num_minibatches:
+        raise ValueError(
+            f"sequence_update: num_minibatches={sizes.num_minibatches} must divide the {num_envs} envs (minibatches "
+            f"are whole env sequences), update_epochs={sizes.update_epochs} at least 1"
+        )
+    one_agent(hyperparameters, "sequence_update")
+    batch = batch._replace(obs=model.sequence_prepare(batch.obs))
+    params, static = eqx.partition(model, eqx.is_array)
+    indices = minibatch_indices(
+        num_envs, num_minibatches=sizes.num_minibatches, update_epochs=sizes.update_epochs, key=key
+    )
+
+    def select(batch: SequenceBatch, envs: Int[Array, " n"]) -> SequenceBatch:
+        def columns(x: Array) -> Array:
+            return jnp.take(x, envs, axis=1, mode="clip")
+
+        memory = jax.tree.map(lambda x: jnp.take(x, envs, axis=0, mode="clip"), batch.memory)
+        return SequenceBatch(*(columns(x) for x in batch[:-1]), memory)  # type: ignore[arg-type]
+
+    params, opt_state, infos = minibatch_steps(
+        params_loss(static, hyperparameters, loss),
+        params,
+        opt_state,
+        batch,
+        indices,
+        optimizer=optimizer(hyperparameters, sizes),
+        unroll=sizes.minibatch_unroll,
+        select=select,
     )
     return eqx.combine(params, static), opt_state, infos
 

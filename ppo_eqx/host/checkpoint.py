@@ -27,9 +27,11 @@ from ..config import INT32_MAX, PPOConfig
 from ..core.envs import EnvSpec
 from ..core.iteration import all_finite
 from ..core.networks import ConvRoute
-from ..core.state import Checkpoint
+from ..core.state import Checkpoint, ModelFactory
+from ..core.update import OptimizerFactory
 from ..errors import CheckpointError, ConfigError, show_value
 from .fresh import init_checkpoint
+from .named import network_named, optimizer_named
 from .run_directory import RunDirectory, json_bytes
 from .rundir import CHECKPOINT_DIR, CONFIG
 
@@ -125,6 +127,7 @@ def save_checkpoint(
         "config": config.to_dict(),
         "obs_shape": list(spec.obs_shape),
         "num_actions": spec.num_actions,
+        "model": model_signature(checkpoint.model),
         "arrays": f"{name}.eqx",
         "arrays_bytes": len(data),
         "arrays_sha256": hashlib.sha256(data).hexdigest(),
@@ -137,6 +140,16 @@ def save_checkpoint(
     directory.write(f"{CHECKPOINT_DIR}/{name}.json", json_bytes(metadata))
     _prune(directory, keep, iteration)
     return directory.path / CHECKPOINT_DIR / f"{name}.json"
+
+
+def model_signature(model: Any) -> dict[str, Any]:
+    """What a checkpoint says of its model, to refuse it to another: its class, how many arrays it holds, and the
+    SHA-256 of their paths, shapes and dtypes (not of their values; the convolutions' route is no part of it)."""
+    arrays = eqx.filter(model, lambda x: eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct))  # or their shapes
+    leaves = jax.tree_util.tree_flatten_with_path(arrays)[0]
+    described = [f"{jax.tree_util.keystr(path)}:{tuple(x.shape)}:{x.dtype}" for path, x in leaves]
+    digest = hashlib.sha256("\n".join(described).encode()).hexdigest()
+    return {"class": type(model).__name__, "leaves": len(described), "sha256": digest}
 
 
 def _check_fits(checkpoint: Checkpoint, config: PPOConfig, spec: EnvSpec) -> None:
@@ -328,12 +341,20 @@ def read_arrays(path: Path, metadata: dict[str, Any]) -> bytes:
 
 
 def load_checkpoint(
-    file: CheckpointFile, config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute = "xla"
+    file: CheckpointFile,
+    config: PPOConfig,
+    spec: EnvSpec,
+    *,
+    conv_impl: ConvRoute = "xla",
+    model: ModelFactory | None = None,
+    optimizer: OptimizerFactory | None = None,
 ) -> Checkpoint:
     """The arrays of ``file`` in a tree shaped by ``config`` and ``spec``, its model computing its convolutions
-    by ``conv_impl``.
+    by ``conv_impl``: the model ``model`` makes and the state of ``optimizer`` (default: those ``config.network``
+    and ``config.optimizer`` name, as the ``Trainer`` makes them).
 
-    Raises CheckpointError when the arrays are of other shapes or dtypes (another architecture or env).
+    Raises CheckpointError when the arrays are of other shapes or dtypes (another architecture or env), or the
+    checkpoint's model is not the one the factory makes (``model_signature``).
     """
     arrays = file.path.with_name(file.metadata["arrays"])
     obs_shape, num_actions = file.metadata.get("obs_shape", spec.obs_shape), file.metadata.get("num_actions")
@@ -342,7 +363,21 @@ def load_checkpoint(
             f"checkpoint {file.path} is for observations {tuple(obs_shape)} and {num_actions} actions; "
             f"{spec.env_id} has {spec.obs_shape} and {spec.num_actions}"
         )
-    like = eqx.filter_eval_shape(init_checkpoint, config, spec, conv_impl=conv_impl)
+    if model is None:
+        model = network_named(config.network, conv_impl=conv_impl, init=config.network_init)  # type: ignore[arg-type]
+    optimizer = optimizer_named(config.optimizer) if optimizer is None else optimizer
+    like = eqx.filter_eval_shape(init_checkpoint, config, spec, conv_impl=conv_impl, model=model, optimizer=optimizer)
+    saved = file.metadata.get("model")
+    made = model_signature(like.model)
+    if isinstance(saved, dict) and saved != made:
+        held = f"{saved.get('leaves')} arrays"
+        if (saved.get("class"), saved.get("leaves")) == (made["class"], made["leaves"]):
+            held += " of other shapes"
+        raise CheckpointError(
+            f"checkpoint {file.path} holds a model of class {saved.get('class')} ({held}); network="
+            f"{config.network!r} makes one of class {made['class']} ({made['leaves']} arrays); allowed: the network "
+            "it was trained with"
+        )
     try:
         checkpoint = eqx.tree_deserialise_leaves(io.BytesIO(file.arrays), like)
     except (RuntimeError, ValueError, TypeError, EOFError) as error:  # equinox: a mismatch, as a RuntimeError

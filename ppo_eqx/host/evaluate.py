@@ -17,6 +17,7 @@ from ..core.envs.jax_env import env_backend_of
 from ..core.envs.normalize import NormalizedHandle, normalize_pool
 from ..core.networks import conv_route_of
 from ..core.policy import Policy
+from ..core.recurrent import RecurrentPolicy
 from ..core.rollout import RolloutCarry, init_episode_stats, update_episode_stats
 from .compiled import own_jit
 from .conv_route import ready
@@ -91,6 +92,7 @@ def evaluate(
     object a config of ``PPOConfig.for_task(env)`` was made for (as ``Trainer`` takes it). A run that normalised its
     observations (``config.normalize_obs``) plays with the statistics it trained to, frozen: ``statistics``, the
     env handle of its checkpoint's carry (``normalization_of``); greedy continuous actions are the Gaussian's mean.
+    A recurrent policy plays with a memory per env, reset where an episode begins (a lost life too, as in training).
     """
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes={episodes!r}; allowed: an integer >= 1")
@@ -102,13 +104,20 @@ def evaluate(
     pool = _eval_pool(chosen, config, eval_env_seeds(seed, num_envs), on_frame is not None, statistics)
 
     def act(model: Policy, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Any, EpisodeStats]:
-        logits, _ = model(carry.obs)
-        handle, out = pool.step(carry.handle, _action(model, logits, key, greedy))
+        memory = None
+        if isinstance(model, RecurrentPolicy):
+            memory, outputs, _ = model.step(carry.memory, carry.obs, carry.starts)
+        else:
+            outputs, _ = model(carry.obs)
+        handle, out = pool.step(carry.handle, _action(model, outputs, key, greedy))
         stats = update_episode_stats(carry.stats, out)
-        return RolloutCarry(handle, out.obs, stats), out.game_over, stats
+        starts = None if memory is None else out.done
+        return RolloutCarry(handle, out.obs, stats, memory, starts), out.game_over, stats
 
     step = own_jit(act)  # freed with this call, and the pool with it: its results are read below, synchronously
     carry = RolloutCarry(pool.handle, jnp.asarray(pool.first_obs), init_episode_stats(num_envs))
+    if isinstance(model, RecurrentPolicy):
+        carry = carry._replace(memory=model.initial_memory(num_envs), starts=jnp.ones((num_envs,), bool))
     finished: list[list[tuple[float, int]]] = [[] for _ in range(num_envs)]
     recording = on_frame is not None
     if on_frame is not None:

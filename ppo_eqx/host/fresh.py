@@ -11,18 +11,29 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..config import PPOConfig
+from ..core.collect import InitialMemory
 from ..core.envs import EnvBackend, EnvSpec, backend
 from ..core.hyperparameters import AgentHyperparameters
 from ..core.networks import ConvRoute, NetworkInit
-from ..core.state import Checkpoint, init_agents
+from ..core.recurrent import RecurrentPolicy
+from ..core.state import Checkpoint, ModelFactory, init_agents
+from ..core.update import OptimizerFactory, make_optimizer
 from ..settings import Sizes
 from .compiled import OwnJit, own_jit
 from .pools import EnvShare, make_collector, pool_env_seeds
 
 
-def fresh_agents(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> Checkpoint:
+def fresh_agents(
+    config: PPOConfig,
+    spec: EnvSpec,
+    *,
+    conv_impl: ConvRoute,
+    model: ModelFactory | None = None,
+    optimizer: OptimizerFactory = make_optimizer,
+) -> Checkpoint:
     """A fresh run's agents at iteration 0 (``core.state.init_agents``), agent k initialised as the single run of
-    ``config.agent_configs()[k]``, with fresh episode statistics as their ``envs``.
+    ``config.agent_configs()[k]``, with fresh episode statistics as their ``envs``: each a ``model`` (default
+    ppo_eqx's, ``default_model``) with the state of its ``optimizer``.
 
     One agent's are computed as one compiled program, the same bits as its operations run one at a time
     (``tests/test_checkpoint.py``), where each of a few dozen operations would be compiled on its own first (a short
@@ -36,7 +47,8 @@ def fresh_agents(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> C
     if config.num_agents == 1:
         # One program per default device: jax traces a function again under another one (``jax.default_device``).
         device = jax.config.jax_default_device
-        program = _one_agent_program(spec, config.num_envs, config.sizes, conv_impl, network_init, device)
+        made = (spec, config.num_envs, config.sizes, conv_impl, network_init, model, optimizer)
+        program = _one_agent_program(*made, device)
         return program(jnp.asarray(config.seed, jnp.int32), hyperparameters)
     seeds = jnp.asarray([agent.seed for agent in config.agent_configs()])
     return init_agents(
@@ -47,6 +59,8 @@ def fresh_agents(config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute) -> C
         sizes=config.sizes,
         conv_impl=conv_impl,
         network_init=network_init,
+        model=model,
+        optimizer=optimizer,
     )
 
 
@@ -56,7 +70,14 @@ ONE_AGENT_PROGRAMS = 8
 
 @functools.lru_cache(maxsize=ONE_AGENT_PROGRAMS)
 def _one_agent_program(
-    spec: EnvSpec, num_envs: int, sizes: Sizes, conv_impl: ConvRoute, network_init: NetworkInit, device: Any
+    spec: EnvSpec,
+    num_envs: int,
+    sizes: Sizes,
+    conv_impl: ConvRoute,
+    network_init: NetworkInit,
+    model: ModelFactory | None,
+    optimizer: OptimizerFactory,
+    device: Any,
 ) -> OwnJit:
     """One agent's fresh state as a program of its seed (an int32 array: ``PRNGKey`` of it is ``PRNGKey`` of the
     int) and hyperparameters, kept for the next trainer of a model like it in this process (a notebook, a test
@@ -71,22 +92,41 @@ def _one_agent_program(
             sizes=sizes,
             conv_impl=conv_impl,
             network_init=network_init,
+            model=model,
+            optimizer=optimizer,
         )
 
     return own_jit(fresh)
 
 
+def memory_of(model: ModelFactory | None, spec: EnvSpec) -> InitialMemory | None:
+    """The ``initial_memory`` of the models ``model`` makes for ``spec``, where they are recurrent
+    (``core.recurrent.RecurrentPolicy``: the carry of their envs holds a memory); None otherwise (ppo_eqx's
+    feedforward models). Read off the model's shape alone: nothing is computed."""
+    if model is None:
+        return None
+    shaped = eqx.filter_eval_shape(model, spec, jax.random.key(0))
+    return shaped.initial_memory if isinstance(shaped, RecurrentPolicy) else None
+
+
 def init_checkpoint(
-    config: PPOConfig, spec: EnvSpec, *, conv_impl: ConvRoute, env_backend: EnvBackend | None = None
+    config: PPOConfig,
+    spec: EnvSpec,
+    *,
+    conv_impl: ConvRoute,
+    env_backend: EnvBackend | None = None,
+    model: ModelFactory | None = None,
+    optimizer: OptimizerFactory = make_optimizer,
 ) -> Checkpoint:
     """A fresh run's checkpoint: its agents (``fresh_agents``) with what a checkpoint keeps of its envs, the
     episode statistics or, where the backend's env state is data (default: ``spec.source``, the env written in JAX,
     else ``config.env_backend``'s), the carry of the run's first envs; for a host pool that normalises its envs, the
     normalisation statistics too (``normalize.kept``). Under ``eqx.filter_eval_shape`` the "like"
     tree that a checkpoint loads into (making envs written in JAX is pure: nothing runs)."""
-    checkpoint = fresh_agents(config, spec, conv_impl=conv_impl)
+    checkpoint = fresh_agents(config, spec, conv_impl=conv_impl, model=model, optimizer=optimizer)
     env_backend = env_backend or cast(EnvBackend | None, spec.source) or backend(config.env_backend)
     if not env_backend.state_is_data and not (config.normalize_obs or config.normalize_reward):
         return checkpoint
-    _, collector = make_collector(env_backend, config, pool_env_seeds(config, 0), EnvShare())
+    memory = memory_of(model, spec)
+    _, collector = make_collector(env_backend, config, pool_env_seeds(config, 0), EnvShare(), memory)
     return eqx.tree_at(lambda c: c.envs, checkpoint, collector.save(collector.carry(checkpoint.envs)))

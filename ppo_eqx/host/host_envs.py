@@ -31,6 +31,7 @@ from ..core.loss import Loss, model_loss
 from ..core.policy import Policy
 from ..core.rollout import RolloutCarry, fresh_episodes
 from ..core.state import Checkpoint, TrainState
+from ..core.update import OptimizerFactory, make_optimizer
 from ..errors import ConfigError
 from .compiled import own_jit
 from .host_loop import ActPrograms, HostLoop
@@ -93,16 +94,18 @@ class HostEnvsPlacement:
         self.device = jax.devices()[0]
         self.actor_threads = actor_threads
         self._act: ActPrograms | None = None
-        self._learn: dict[tuple[Sizes, Loss], _LearnPrograms] = {}
+        self._learn: dict[tuple[Sizes, Loss, OptimizerFactory], _LearnPrograms] = {}
         # The segments share the programs: the next one's compile (in the trainer's background thread) and this
         # one's iteration take turns, so that neither traces a program the other is tracing.
         self._turns = threading.Lock()
 
     def make_collector(
-        self, env_backend: EnvBackend, config: PPOConfig, seeds: list[int], share: EnvShare
+        self, env_backend: EnvBackend, config: PPOConfig, seeds: list[int], share: EnvShare, memory: Any = None
     ) -> tuple[HostLoop, Collector]:
         """The segment's envs, split among the actors (``actor_parts``), and the collector that runs them."""
         check_host_envs(config, env_backend)
+        if memory is not None:
+            raise ConfigError(f"rollout_on={config.rollout_on!r} carries no recurrent memory; allowed: 'device'")
         normalize = normalizing(config)
         parts = actor_parts(seeds, self.actor_threads, halves=normalize is None or not normalize.obs)
         assert isinstance(env_backend, HostBackend)
@@ -139,12 +142,20 @@ class HostEnvsPlacement:
             checkpoint.model, checkpoint.opt_state, carry, checkpoint.key, checkpoint.iteration, hyperparameters
         )
 
-    def program(self, collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> "_HostEnvsProgram":
+    def program(
+        self,
+        collector: Collector,
+        sizes: Sizes,
+        *,
+        loss: Loss = model_loss,
+        optimizer: OptimizerFactory = make_optimizer,
+    ) -> "_HostEnvsProgram":
         if not isinstance(collector.collect, HostLoop):
             raise TypeError("HostEnvsPlacement runs the collectors of its own make_collector")
-        learning = self._learn.get((sizes, loss))
+        learning = self._learn.get((sizes, loss, optimizer))
         if learning is None:  # the learning stage holds no envs: every segment's program shares it
-            learning = self._learn[(sizes, loss)] = _LearnPrograms(make_stages(collector, sizes, loss=loss).learn)
+            stages = make_stages(collector, sizes, loss=loss, optimizer=optimizer)
+            learning = self._learn[(sizes, loss, optimizer)] = _LearnPrograms(stages.learn)
         return _HostEnvsProgram(collector, learning, self._turns)
 
     def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint:

@@ -24,6 +24,7 @@ from ..core.policy import Policy
 from ..core.rollout import fresh_episodes
 from ..core.sharded import replicate, shard_batch, sharded_update
 from ..core.state import Checkpoint, TrainState
+from ..core.update import OptimizerFactory, make_optimizer
 from ..errors import ConfigError
 from .compiled import own_jit
 from .pools import EnvShare
@@ -124,12 +125,19 @@ class MeshPlacement:
         hyperparameters = replicate(hyperparameters, self.mesh)
         return TrainState(model, opt_state, carry, checkpoint.key, checkpoint.iteration, hyperparameters)
 
-    def program(self, collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> "_MeshProgram":
+    def program(
+        self,
+        collector: Collector,
+        sizes: Sizes,
+        *,
+        loss: Loss = model_loss,
+        optimizer: OptimizerFactory = make_optimizer,
+    ) -> "_MeshProgram":
         if self._learn is None:
-            self._learn = jax.jit(self._learn_fn(sizes, loss))
+            self._learn = jax.jit(self._learn_fn(sizes, loss, optimizer))
         return _MeshProgram(self, collector)
 
-    def _learn_fn(self, sizes: Sizes, loss: Loss) -> Any:
+    def _learn_fn(self, sizes: Sizes, loss: Loss, optimizer: OptimizerFactory) -> Any:
         def update(
             model: Policy,
             opt_state: PyTree,
@@ -138,7 +146,15 @@ class MeshPlacement:
             key: PRNGKeyArray,
         ) -> Any:
             return sharded_update(
-                model, opt_state, batch, hyperparameters, mesh=self.mesh, sizes=sizes, loss=loss, key=key
+                model,
+                opt_state,
+                batch,
+                hyperparameters,
+                mesh=self.mesh,
+                sizes=sizes,
+                loss=loss,
+                optimizer=optimizer,
+                key=key,
             )
 
         def learn_arrays(

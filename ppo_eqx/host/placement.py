@@ -17,6 +17,7 @@ from ..core.iteration import Metrics, make_iteration, make_prime, over_iteration
 from ..core.loss import Loss, model_loss
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, TrainState
+from ..core.update import OptimizerFactory, make_optimizer
 from ..errors import ConfigError
 from .compiled import own_jit
 from .fresh import fresh_agents
@@ -48,7 +49,14 @@ class Placement(Protocol):
     def place(
         self, checkpoint: Checkpoint, collector: Collector, hyperparameters: AgentHyperparameters
     ) -> TrainState: ...
-    def program(self, collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> Program: ...
+    def program(
+        self,
+        collector: Collector,
+        sizes: Sizes,
+        *,
+        loss: Loss = model_loss,
+        optimizer: OptimizerFactory = make_optimizer,
+    ) -> Program: ...
     def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint: ...
     def rollout_record(self) -> dict[str, Any]:
         """Where it runs the rollout, for ``hardware.json``: ``on`` "device" (one program, or a mesh's two),
@@ -61,9 +69,9 @@ class _Jitted:
     """The iteration (or, with ``sizes.iterations_per_dispatch`` K > 1, a chunk of up to K iterations:
     ``over_iterations``) and the priming of one segment, each a program of its own (``own_jit``) traced at most once."""
 
-    def __init__(self, collector: Collector, sizes: Sizes, loss: Loss):
+    def __init__(self, collector: Collector, sizes: Sizes, loss: Loss, optimizer: OptimizerFactory):
         self.length = sizes.iterations_per_dispatch
-        iteration = make_iteration(collector, sizes, loss=loss)
+        iteration = make_iteration(collector, sizes, loss=loss, optimizer=optimizer)
         run: Callable[..., tuple[TrainState, Metrics]] = (
             iteration if self.length == 1 else over_iterations(iteration, self.length)
         )
@@ -88,6 +96,9 @@ class OneDevice:
     """The whole iteration as one jitted program on the default device; every env in this process."""
 
     share = EnvShare()
+    carries_memory = True
+    """A recurrent policy's memory per env travels in the program's carry (``core.recurrent``); the other placements
+    say nothing, and are refused one."""
 
     def place(self, checkpoint: Checkpoint, collector: Collector, hyperparameters: AgentHyperparameters) -> TrainState:
         carry = collector.restore(checkpoint.envs)
@@ -95,8 +106,15 @@ class OneDevice:
             checkpoint.model, checkpoint.opt_state, carry, checkpoint.key, checkpoint.iteration, hyperparameters
         )
 
-    def program(self, collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> Program:
-        return _Jitted(collector, sizes, loss)
+    def program(
+        self,
+        collector: Collector,
+        sizes: Sizes,
+        *,
+        loss: Loss = model_loss,
+        optimizer: OptimizerFactory = make_optimizer,
+    ) -> Program:
+        return _Jitted(collector, sizes, loss, optimizer)
 
     def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint:
         return Checkpoint(state.model, state.opt_state, state.key, collector.save(state.carry), state.iteration)
@@ -144,6 +162,8 @@ def rollout_place(
     "host". Otherwise what ``MEASURED_ROLLOUT`` says of the device, else "device"."""
     if config.rollout_on != "auto":
         return config.rollout_on
+    if config.network == "lstm":  # its memory per env travels in the one program's carry
+        return "device"
     if env_backend is not None and spec is not None and spec.continuous and _host_envs_runs(config, env_backend, spec):
         return "host-envs"
     if device is not None and env_backend is not None and not compiles_here(env_backend, device.platform):

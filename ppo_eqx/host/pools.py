@@ -5,9 +5,10 @@ import os
 from typing import NamedTuple
 
 from ..config import PPOConfig
-from ..core.collect import Collector, async_collector, jax_env_collector, sync_collector
+from ..core.collect import Collector, InitialMemory, async_collector, jax_env_collector, sync_collector
 from ..core.envs import AsyncPool, EnvBackend, EnvThreads, Pool, segment_env_seeds
 from ..core.envs.normalize import check_normalizable, normalize_pool
+from ..errors import ConfigError
 
 
 class EnvShare(NamedTuple):
@@ -34,10 +35,16 @@ def env_threads(config: PPOConfig, num_envs: int) -> EnvThreads:
 
 
 def make_collector(
-    env_backend: EnvBackend, config: PPOConfig, seeds: list[int], share: EnvShare
+    env_backend: EnvBackend, config: PPOConfig, seeds: list[int], share: EnvShare, memory: InitialMemory | None = None
 ) -> tuple[Pool | AsyncPool, Collector]:
     """A pool of ``seeds`` envs and its collector: EnvPool's async one when ``config.async_batch_size`` > 0,
-    ``jax_env_collector`` where the backend's env state is data, else ``sync_collector``."""
+    ``jax_env_collector`` where the backend's env state is data, else ``sync_collector``; for a recurrent policy
+    (its ``initial_memory``: ``memory``) a carry with a memory per env (the async pool has none: refused)."""
+    if memory is not None and config.async_batch_size:
+        raise ConfigError(
+            f"async_batch_size={config.async_batch_size} with a recurrent network ({config.network}): its "
+            "receives come in no fixed order of envs; allowed: 0"
+        )
     threads = env_threads(config, len(seeds))
     if config.async_batch_size:
         pool = env_backend.make_async(config.env_id, seeds, config.async_batch_size, threads=threads)
@@ -61,6 +68,7 @@ def make_collector(
             num_steps=config.num_steps,
             num_agents=config.num_agents,
             bootstrap_truncated=config.bootstrap_truncated,
+            memory=memory,
         )
         return pool, collector
     collector = sync_collector(
@@ -71,5 +79,6 @@ def make_collector(
         total_envs=share.total,
         bootstrap_truncated=config.bootstrap_truncated,
         renormalize=renormalize,
+        memory=memory,
     )
     return pool, collector

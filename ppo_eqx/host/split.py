@@ -21,6 +21,7 @@ from ..core.iteration import Metrics, make_stages
 from ..core.loss import Loss, model_loss
 from ..core.networks import ActorCritic, ConvRoute
 from ..core.state import Checkpoint, TrainState
+from ..core.update import OptimizerFactory, make_optimizer
 from .compiled import own_jit
 from .conv_route import ready
 from .pools import EnvShare
@@ -45,8 +46,15 @@ class SplitPlacement:
         key = jax.device_put(checkpoint.key, self.rollout_device)
         return TrainState(model, opt_state, carry, key, iteration, hyperparameters)
 
-    def program(self, collector: Collector, sizes: Sizes, *, loss: Loss = model_loss) -> "_SplitProgram":
-        return _SplitProgram(self, collector, sizes, loss)
+    def program(
+        self,
+        collector: Collector,
+        sizes: Sizes,
+        *,
+        loss: Loss = model_loss,
+        optimizer: OptimizerFactory = make_optimizer,
+    ) -> "_SplitProgram":
+        return _SplitProgram(self, collector, sizes, loss, optimizer)
 
     def checkpoint(self, state: TrainState, collector: Collector) -> Checkpoint:
         return Checkpoint(state.model, state.opt_state, state.key, collector.save(state.carry), state.iteration)
@@ -67,9 +75,11 @@ class _SplitProgram:
     length = 1
     host_loop = True
 
-    def __init__(self, placement: SplitPlacement, collector: Collector, sizes: Sizes, loss: Loss):
+    def __init__(
+        self, placement: SplitPlacement, collector: Collector, sizes: Sizes, loss: Loss, optimizer: OptimizerFactory
+    ):
         self.placement, self.collector, self.sizes = placement, collector, sizes
-        self._stages = make_stages(collector, sizes, loss=loss)
+        self._stages = make_stages(collector, sizes, loss=loss, optimizer=optimizer)
         # What each program reuses: the carry and the key (collect, prime), the model, optimizer state, batch and
         # key (learn); never the model's copy for the rollout, which is the model itself where both devices are one.
         self._collect = own_jit(self._stages.collect, donate=(2, 3))

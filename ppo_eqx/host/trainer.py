@@ -29,10 +29,12 @@ from ..core.envs.jax_env import env_backend_of
 from ..core.iteration import Metrics
 from ..core.loss import Loss, check_loss, loss_named
 from ..core.networks import ConvRoute, conv_route_of
-from ..core.state import Checkpoint
+from ..core.state import Checkpoint, ModelFactory, default_model
+from ..core.update import OptimizerFactory, make_optimizer
 from ..errors import ConfigError
 from .conv_route import ready, resolve_conv_impl_for
-from .fresh import init_checkpoint
+from .fresh import init_checkpoint, memory_of
+from .named import check_model, check_optimizer, network_named, optimizer_named
 from .placement import Placement, Program, placement_for
 from .pools import make_collector, pool_env_seeds
 
@@ -94,8 +96,12 @@ class Trainer:
     ``config.env_backend``'s). ``spec`` is theirs (default: the backend's spec of ``config.env_id``: a caller that
     resolved both once passes them in). ``loss`` is the loss each minibatch step descends (``core.loss.Loss``;
     default: the one ``config.loss`` names, CleanRL's ``model_loss`` unless it names one of the user's): the values
-    it reports are metrics. Use it as a context manager, or call
-    ``close()`` when done.
+    it reports are metrics. ``model`` makes a fresh agent's model (``core.state.ModelFactory``: ``(spec, key) ->
+    Policy``; default: the one ``config.network`` names, ppo_eqx's own unless it names one of the user's) and
+    ``optimizer`` its optimizer (``core.update.OptimizerFactory``: ``(hyperparameters, sizes) ->
+    optax.GradientTransformation``; default: the one ``config.optimizer`` names, CleanRL's Adam unless it names the
+    user's); a model or an optimizer of the user's is traced once, here, and checked against the task. Use it as a
+    context manager, or call ``close()`` when done.
     """
 
     def __init__(
@@ -109,17 +115,41 @@ class Trainer:
         spec: EnvSpec | None = None,
         env: Any = None,
         loss: Loss | None = None,
+        model: ModelFactory | None = None,
+        optimizer: OptimizerFactory | None = None,
     ):
+        if not isinstance(config, PPOConfig):
+            raise TypeError(f"config={config!r}; allowed: a PPOConfig (PPOConfig.for_task(env_id))")
         self.config = config.validate()
         self.loss = loss_named(config.loss) if loss is None else check_loss(loss)
         if env_backend is None:
             env_backend = backend(config.env_backend) if env is None else env_backend_of(env, config.env_backend)
         self.backend = env_backend
         self.spec: EnvSpec = spec or self.backend.spec(config.env_id)
+        # The route a fresh model takes (a restored one has its own: nothing is resolved, or built, for it).
+        route = conv_impl or (None if restore is None else conv_route_of(restore.model))
+        route = route or resolve_conv_impl_for(config.conv_impl, self.spec)  # type: ignore[arg-type]
+        self.model = (
+            network_named(config.network, conv_impl=route, init=config.network_init) if model is None else model
+        )
+        self.optimizer = optimizer_named(config.optimizer) if optimizer is None else optimizer
+        self._check_factories(restore)
+        self._memory = memory_of(self.model, self.spec)
         self.placement = placement or placement_for(config, self.spec, self.backend)
+        if self._memory is not None and not getattr(self.placement, "carries_memory", False):
+            raise ConfigError(
+                f"network={config.network!r} is recurrent and {type(self.placement).__name__} (rollout_on="
+                f"{config.rollout_on!r}) carries no memory per env; allowed: rollout_on='device' on one device"
+            )
         if restore is None:
-            conv_impl = conv_impl or resolve_conv_impl_for(config.conv_impl, self.spec)  # type: ignore[arg-type]
-            restore = init_checkpoint(config, self.spec, conv_impl=conv_impl, env_backend=self.backend)
+            restore = init_checkpoint(
+                config,
+                self.spec,
+                conv_impl=route,
+                env_backend=self.backend,
+                model=self.model,
+                optimizer=self.optimizer,
+            )
         else:
             _check_restore(restore, self.config)
         self.conv_impl: ConvRoute | None = conv_route_of(restore.model)
@@ -137,6 +167,19 @@ class Trainer:
         self._next: concurrent.futures.Future[_Segment] | None = None
         self._prepare_after(self.iteration)
 
+    def _check_factories(self, restore: Checkpoint | None) -> None:
+        """A model factory and an optimizer of the user's, traced once against the task (ConfigError naming them);
+        ppo_eqx's own are left alone."""
+        model = None if restore is None else restore.model
+        if self.model is not None:
+            model = check_model(self.model, self.spec) if model is None else model
+        if self.optimizer is not make_optimizer:
+            if model is None:
+                model = eqx.filter_eval_shape(
+                    default_model, self.spec, jax.random.key(0), conv_impl="xla", init=self.config.network_init
+                )
+            check_optimizer(self.optimizer, self.config, model)
+
     def __enter__(self) -> "Trainer":
         return self
 
@@ -152,8 +195,10 @@ class Trainer:
             seeds = seeds[share.first : share.first + share.count]
         # A placement that steps the envs its own way (``HostEnvsPlacement``) makes them and their collector.
         make = getattr(self.placement, "make_collector", make_collector)
-        pool, collector = make(self.backend, self.config, seeds, share)
-        program = program or self.placement.program(collector, self.config.sizes, loss=self.loss)
+        pool, collector = make(self.backend, self.config, seeds, share, self._memory)
+        program = program or self.placement.program(
+            collector, self.config.sizes, loss=self.loss, optimizer=self.optimizer
+        )
         return _Segment(start, pool, collector, program)
 
     def _make_compiled_segment(self, start: int) -> _Segment:
