@@ -207,6 +207,7 @@ def test_building_a_model_or_loading_a_checkpoint_starts_no_compiler(tmp_path, m
         monkeypatch.setattr(kernel_build, name, compiles)
     model = ActorCritic(atari_spec.obs_shape, atari_spec.num_actions, conv_impl="kernel", key=jax.random.PRNGKey(0))
     loaded = load_checkpoint(read_checkpoint(path), atari, atari_spec, conv_impl="kernel")
+    assert isinstance(loaded.model, ActorCritic)
     assert model.conv_impl == loaded.model.conv_impl == "kernel"
 
 

@@ -158,7 +158,7 @@ def test_network_init_on_the_command_line_starts_each_agents_model_so():
     for extra, nonzero_biases in (([], False), (["--network-init", "gymnax-blines"], True)):
         config, _, _ = config_from_args(build_parser().parse_args([*flags, *extra]))
         model = fresh_agents(config, spec, conv_impl="matmul").model
-        assert isinstance(model.actor, MLP)
+        assert isinstance(model, ActorCritic) and isinstance(model.actor, MLP)
         biases = np.asarray(model.actor.layers[0].bias)
         assert biases.shape == (2, 256)  # one model per agent
         assert bool(np.all(biases > 0)) is nonzero_biases and bool(np.any(biases)) is nonzero_biases

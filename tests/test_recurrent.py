@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import ppo_eqx
 from ppo_eqx.core._types import SequenceBatch
 from ppo_eqx.core.collect import sync_collector
+from ppo_eqx.core.networks import MLP
 from ppo_eqx.core.recurrent import LSTMActorCritic, LSTMCell, RecurrentPolicy
 from ppo_eqx.core.rollout import init_episode_stats
 from ppo_eqx.core.update import make_optimizer, sequence_update
@@ -52,6 +53,7 @@ def numpy_replay(model: LSTMActorCritic, memory, obs, starts, actions):
         h, c = numpy_lstm(model.lstm, h, c, x)
         heads = []
         for mlp in (model.actor, model.critic):
+            assert isinstance(mlp, MLP)
             y = h
             for layer in mlp.layers[:-1]:
                 w, b = weights(layer)
@@ -152,9 +154,8 @@ def test_a_recurrent_model_at_an_episodes_start_is_its_first_step() -> None:
     model = _model()
     obs = jnp.ones((2, 5))
     outputs, values = model(obs)
-    _, step_outputs, step_values = model.step(
-        tuple(jnp.full((2, 128), 9.0) for _ in range(2)), obs, jnp.ones((2,), bool)
-    )  # any memory: reset before the first step
+    memory = (jnp.full((2, 128), 9.0), jnp.full((2, 128), 9.0))  # any memory: reset before the first step
+    _, step_outputs, step_values = model.step(memory, obs, jnp.ones((2,), bool))
     np.testing.assert_array_equal(np.asarray(outputs), np.asarray(step_outputs))
     np.testing.assert_array_equal(np.asarray(values), np.asarray(step_values))
 

@@ -107,11 +107,13 @@ def test_a_resumed_run_is_read_again_under_its_lock(finished_run, tmp_path):
     before = unlocked(snapshot(run_dir))
 
     again, lock, directory = take_run_dir(plan, args, writes=True, one_process=True)
+    assert lock is not None
     lock.release()
     assert again.start_iteration == 4 and directory is None
     assert again.nothing_to_resume == f"ppo-eqx: {run_dir} finished at iteration 4; nothing to resume"
 
     several, lock, directory = take_run_dir(plan, args, writes=True, one_process=False)
+    assert lock is not None and directory is not None
     directory.close()
     lock.release()
     assert several.start_iteration == 2 and directory.path == run_dir
@@ -248,9 +250,9 @@ def test_non_finite_parameters_stop_the_run_and_keep_the_last_good_checkpoint(tm
     real_update = iteration_module.update
     steps_of_3 = 3 * 4 * 4  # the optimizer's count after iteration 3: 4 epochs of 4 minibatches each
 
-    def poisoned_at_iteration_3(model, opt_state, batch, hyperparameters, *, sizes, loss, key):
+    def poisoned_at_iteration_3(model, opt_state, batch, hyperparameters, **settings):
         """The update, whose model comes out of iteration 3 with a NaN (its last step's loss still finite)."""
-        model, opt_state, infos = real_update(model, opt_state, batch, hyperparameters, sizes=sizes, loss=loss, key=key)
+        model, opt_state, infos = real_update(model, opt_state, batch, hyperparameters, **settings)
         bias = model.critic.layers[-1].bias
         bias = iteration_module.jnp.where(opt_state[1].count == steps_of_3, iteration_module.jnp.nan, bias)
         return iteration_module.eqx.tree_at(lambda m: m.critic.layers[-1].bias, model, bias), opt_state, infos

@@ -182,7 +182,7 @@ class _HostLoopTrainer(_SleepingTrainer):
         self.clock.now += self.seconds
         self.iteration += 1
         metrics = {name: _Late(value, self.clock.now + self.update, self.clock) for name, value in self.metrics.items()}
-        return Dispatch(self.iteration, 1, metrics, False, overlaps=False)
+        return Dispatch(self.iteration, 1, metrics, False, overlaps=False)  # pyright: ignore[reportArgumentType]
 
 
 def test_each_record_times_its_own_iteration_when_a_host_loop_runs_it(monkeypatch: pytest.MonkeyPatch):

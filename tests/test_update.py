@@ -115,7 +115,8 @@ def test_the_optimizer_clips_the_global_norm_at_max_grad_norm_before_adam():
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-9)  # pyright: ignore
     unclipped = numpy_clipped_adam(params, grads_per_step, max_grad_norm=np.inf, learning_rate=config.learning_rate)
     assert not np.allclose(want["a"], unclipped["a"], rtol=1e-2, atol=0)  # the test can tell
-    assert float(current_learning_rate(state)) == pytest.approx(config.learning_rate)
+    learning_rate = current_learning_rate(state)
+    assert learning_rate is not None and float(learning_rate) == pytest.approx(config.learning_rate)
 
 
 @pytest.mark.compile

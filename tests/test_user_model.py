@@ -120,7 +120,7 @@ def test_the_library_refuses_a_broken_factory_by_object() -> None:
     from .user_model import not_a_policy
 
     with pytest.raises(ConfigError, match="returned a dict"):
-        ppo_eqx.Trainer(_config(1), model=not_a_policy)
+        ppo_eqx.Trainer(_config(1), model=not_a_policy)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="PPOConfig"):  # the test run's type checker, or the Trainer's own line
         ppo_eqx.Trainer("CartPole-v1")  # type: ignore[arg-type]
 

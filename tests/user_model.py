@@ -32,7 +32,7 @@ class TinyPolicy(CategoricalPolicy):
 
     @property
     def num_actions(self) -> int:
-        return self.actor.out_features
+        return int(self.actor.out_features)
 
     def __call__(self, obs, *, prepared=False):
         x = jnp.tanh(jax.vmap(self.hidden)(obs.reshape(obs.shape[0], -1).astype(jnp.float32)))

@@ -125,7 +125,11 @@ def recurrent_rollout(
     transitions, each step's ``starts`` and the value of the last observation (under the memory it reached)."""
     _check_rollout(model, env_step, carry, num_steps)
 
+    if carry.starts is None:
+        raise ValueError("recurrent_rollout: the carry holds no memory (a recurrent policy's collector makes one)")
+
     def step(carry: RolloutCarry, step_key: PRNGKeyArray) -> tuple[RolloutCarry, tuple[Transition, Array]]:
+        assert carry.starts is not None
         memory, outputs, value = model.step(carry.memory, carry.obs, carry.starts)
         action, logprob = model.sample(step_key, outputs, first_env=first_env, total_envs=total_envs)
         handle, out = env_step(carry.handle, action)
@@ -134,6 +138,7 @@ def recurrent_rollout(
         return RolloutCarry(handle, out.obs, stats, memory, out.done), (transition, carry.starts)
 
     carry, (transitions, starts) = jax.lax.scan(step, carry, jax.random.split(key, num_steps))
+    assert carry.starts is not None
     _, _, last_value = model.step(carry.memory, carry.obs, carry.starts)
     return carry, transitions, starts, last_value
 

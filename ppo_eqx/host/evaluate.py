@@ -105,7 +105,7 @@ def evaluate(
 
     def act(model: Policy, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Any, EpisodeStats]:
         memory = None
-        if isinstance(model, RecurrentPolicy):
+        if isinstance(model, RecurrentPolicy) and carry.starts is not None:
             memory, outputs, _ = model.step(carry.memory, carry.obs, carry.starts)
         else:
             outputs, _ = model(carry.obs)

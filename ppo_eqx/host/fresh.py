@@ -46,7 +46,7 @@ def fresh_agents(
     hyperparameters = config.agent_hyperparameters()
     if config.num_agents == 1:
         # One program per default device: jax traces a function again under another one (``jax.default_device``).
-        device = jax.config.jax_default_device
+        device = jax.config.jax_default_device  # pyright: ignore[reportAttributeAccessIssue]
         made = (spec, config.num_envs, config.sizes, conv_impl, network_init, model, optimizer)
         program = _one_agent_program(*made, device)
         return program(jnp.asarray(config.seed, jnp.int32), hyperparameters)

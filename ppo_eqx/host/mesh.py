@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxtyping import Array, PRNGKeyArray, PyTree, Shaped
 
 from ..config import PPOConfig
-from ..core._types import Batch, EpisodeStats
+from ..core._types import Batch, EpisodeStats, SequenceBatch
 from ..core.collect import Collector
 from ..core.envs import EnvBackend
 from ..core.hyperparameters import AgentHyperparameters, Sizes
@@ -141,10 +141,12 @@ class MeshPlacement:
         def update(
             model: Policy,
             opt_state: PyTree,
-            batch: Batch,
+            batch: Batch | SequenceBatch,
             hyperparameters: AgentHyperparameters,
             key: PRNGKeyArray,
         ) -> Any:
+            if isinstance(batch, SequenceBatch):  # refused before: a mesh carries no recurrent memory
+                raise TypeError("the mesh's update takes flat batches, not a recurrent policy's sequences")
             return sharded_update(
                 model,
                 opt_state,
@@ -172,6 +174,8 @@ class MeshPlacement:
         """The learn stage: the data-parallel update of this process's share of the batch, sharded over the mesh;
         the model, optimizer state and this process's copy of the metrics."""
         params = eqx.filter(state.model, eqx.is_array)
+        if isinstance(collected.batch, SequenceBatch):  # refused before: a mesh carries no recurrent memory
+            raise TypeError("the mesh's update takes flat batches, not a recurrent policy's sequences")
         batch, key = shard_batch(collected.batch, self.mesh), replicate(collected.update_key, self.mesh)
         params, opt_state, metrics = self._learn(params, state.opt_state, batch, state.hyperparameters, key)
         return eqx.combine(params, self._static), opt_state, {name: local(value) for name, value in metrics.items()}

@@ -3,7 +3,7 @@ factories they name once, at the edge (the Trainer, the command line, loading a 
 user's checked at the door: traced once, its contract held against the task, every failure one line naming it."""
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
@@ -31,7 +31,7 @@ def network_named(name: str, *, conv_impl: ConvRoute = "xla", init: NetworkInit 
     found = import_object(name, "network")
     if not callable(found):
         raise ConfigError(f"network={name!r} is a {type(found).__name__}, not callable; allowed: a factory (spec, key)")
-    return found
+    return cast(ModelFactory, found)
 
 
 @functools.cache
@@ -51,7 +51,7 @@ def optimizer_named(name: str) -> OptimizerFactory:
         raise ConfigError(
             f"optimizer={name!r} is a {type(found).__name__}, not callable; allowed: a factory (hyperparameters, sizes)"
         )
-    return found
+    return cast(OptimizerFactory, found)
 
 
 def _named(factory: Any, what: str) -> str:

@@ -9,7 +9,7 @@ one-program iteration computes (``core.iteration.make_stages``: the same stages,
 rounding (each program is fused apart, and the rollout's convolutions may take the CPU's route: ``rollout_conv``).
 """
 
-from typing import Any
+from typing import Any, cast
 
 import equinox as eqx
 import jax
@@ -105,8 +105,9 @@ class _SplitProgram:
             if not example:
                 self._rollout_hyperparameters = hyperparameters
         model = jax.device_put(state.model, placement.rollout_device)
-        if isinstance(model, ActorCritic) and placement.rollout_conv not in (None, model.conv_impl):
-            model = model.with_conv_impl(placement.rollout_conv)
+        route = placement.rollout_conv
+        if isinstance(model, ActorCritic) and route is not None and route != model.conv_impl:
+            model = model.with_conv_impl(cast(ConvRoute, route))
         return hyperparameters, model
 
     def __call__(self, state: TrainState, count: int = 1) -> tuple[TrainState, Metrics]:

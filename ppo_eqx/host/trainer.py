@@ -16,7 +16,7 @@ import concurrent.futures
 import contextlib
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import equinox as eqx
 import jax
@@ -28,7 +28,7 @@ from ..core.envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend
 from ..core.envs.jax_env import env_backend_of
 from ..core.iteration import Metrics
 from ..core.loss import Loss, check_loss, loss_named
-from ..core.networks import ConvRoute, conv_route_of
+from ..core.networks import ConvRoute, NetworkInit, conv_route_of
 from ..core.state import Checkpoint, ModelFactory, default_model
 from ..core.update import OptimizerFactory, make_optimizer
 from ..errors import ConfigError
@@ -130,7 +130,9 @@ class Trainer:
         route = conv_impl or (None if restore is None else conv_route_of(restore.model))
         route = route or resolve_conv_impl_for(config.conv_impl, self.spec)  # type: ignore[arg-type]
         self.model = (
-            network_named(config.network, conv_impl=route, init=config.network_init) if model is None else model
+            network_named(config.network, conv_impl=route, init=cast(NetworkInit, config.network_init))
+            if model is None
+            else model
         )
         self.optimizer = optimizer_named(config.optimizer) if optimizer is None else optimizer
         self._check_factories(restore)

@@ -13,7 +13,7 @@ import pytest
 from ppo_eqx.cli import main
 from ppo_eqx.config import PPOConfig
 from ppo_eqx.core.envs import env_spec
-from ppo_eqx.core.networks import Dense
+from ppo_eqx.core.networks import ActorCritic, Dense
 from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_checkpoint, read_metadata
 
 from ..comparisons import final_checkpoint_bytes, metrics
@@ -56,6 +56,7 @@ def test_breakout_stopped_at_a_checkpoint_and_resumed_equals_the_uninterrupted_r
     first, last = (list_checkpoints(whole)[i] for i in (0, -1))
     first_model = load_checkpoint(read_checkpoint(first), config, spec).model
     last_model = load_checkpoint(read_checkpoint(last), config, spec).model
+    assert isinstance(first_model, ActorCritic) and isinstance(last_model, ActorCritic)
     assert isinstance(first_model.actor, Dense) and isinstance(last_model.actor, Dense)
     assert (first_model.actor.weight != last_model.actor.weight).any()
 
