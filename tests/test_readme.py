@@ -9,13 +9,15 @@ import pytest
 pytestmark = pytest.mark.envpool
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+OWN = "Your own env, loss, network and optimizer"
 
 
-def library_example(heading: str = "Library") -> str:
-    section = README.read_text().split(f"## {heading}\n", 1)[1]
-    found = re.search(r"```python\n(.*?)```", section, re.S)
-    assert found is not None, f"README's {heading} section has no python example"
-    return found.group(1)
+def library_example(heading: str = "Library", number: int = 0) -> str:
+    """The ``number``-th python example of the README's section ``heading``."""
+    section = README.read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    found = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(found) > number, f"README's {heading} section has no python example {number}"
+    return found[number]
 
 
 def test_the_library_example_trains_saves_resumes_and_plays(tmp_path, monkeypatch, capsys):
@@ -37,15 +39,28 @@ def test_the_your_own_env_example_trains_resumes_and_plays_a_users_env(tmp_path,
     """The README's "Your own env" section, with ``my_envs`` standing for the user's module (tests/user_env.py)."""
     from . import user_env
 
-    section = README.read_text().split("## Your own env\n", 1)[1].split("\n## ", 1)[0]
-    assert len(section.strip().splitlines()) <= 30
+    section = README.read_text().split(f"## {OWN}\n", 1)[1].split("\n## ", 1)[0]
+    assert len(section.strip().splitlines()) <= 65
     monkeypatch.setitem(sys.modules, "my_envs", user_env)
     monkeypatch.chdir(tmp_path)
-    exec(compile(library_example("Your own env"), str(README), "exec"), {"__name__": "readme"})
+    exec(compile(library_example(OWN), str(README), "exec"), {"__name__": "readme"})
     last_iteration, returns = capsys.readouterr().out.strip().split(" ", 1)
     assert last_iteration == "4"  # two iterations, saved, and two more after the restore
     assert len(eval(returns)) == 8
-    assert "ppo-eqx train --env-id my_envs:Corridor" in section
+    assert "--env-id my_envs:Corridor" in section
+
+
+@pytest.mark.envpool
+def test_the_your_own_network_and_optimizer_example_trains(tmp_path, monkeypatch, capsys):
+    """The section's second example: a network and an optimizer of the user's, by object."""
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "readme"}
+    exec(compile(library_example(OWN, 1), str(README), "exec"), namespace)
+    returns = eval(capsys.readouterr().out.strip())
+    assert len(returns) == 2  # two iterations of CartPole's preset, 4 envs x 128 steps
+    import ppo_eqx
+
+    assert issubclass(namespace["Linear"], ppo_eqx.CategoricalPolicy)
 
 
 @pytest.mark.unit
