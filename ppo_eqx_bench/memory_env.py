@@ -71,3 +71,43 @@ def make_cue() -> Cue:
 
 def make_cue_delay(delay: int) -> Cue:
     return Cue(delay)
+
+
+class Flicker:
+    """An env of gymnax's interface whose observations are blanked (all zeros) with probability ``p`` each step
+    (Hausknecht and Stone's flickering Atari, on MinAtar): what a feedforward policy sees at a blanked step says nothing
+    of the game, where a recurrent one remembers the last frames it saw. Its state is the inner env's."""
+
+    def __init__(self, env: object, params: object, p: float = 0.5, name: str = "Flicker"):
+        self.env, self.params, self.p, self.name = env, params, p, name
+
+    @classmethod
+    def breakout(cls, p: float = 0.5) -> "Flicker":
+        """gymnax's Breakout-MinAtar, flickering."""
+        import gymnax
+
+        env, params = gymnax.make("Breakout-MinAtar")
+        return cls(env, params, p, "Flicker-Breakout-MinAtar")
+
+    @property
+    def default_params(self) -> object:
+        return self.params
+
+    def observation_space(self, params: object) -> object:
+        return self.env.observation_space(params)  # type: ignore[attr-defined]
+
+    def action_space(self, params: object) -> object:
+        return self.env.action_space(params)  # type: ignore[attr-defined]
+
+    def _blank(self, key: jax.Array, obs: jax.Array) -> jax.Array:
+        return jnp.where(jax.random.bernoulli(key, self.p), jnp.zeros_like(obs), obs)
+
+    def reset(self, key: jax.Array, params: object) -> tuple[jax.Array, object]:
+        env_key, blank_key = jax.random.split(key)
+        obs, state = self.env.reset(env_key, params)  # type: ignore[attr-defined]
+        return self._blank(blank_key, obs), state
+
+    def step(self, key: jax.Array, state: object, action: jax.Array, params: object) -> tuple:
+        env_key, blank_key = jax.random.split(key)
+        obs, *rest = self.env.step(env_key, state, action, params)  # type: ignore[attr-defined]
+        return (self._blank(blank_key, obs), *rest)

@@ -170,6 +170,13 @@ class LSTMActorCritic(RecurrentPolicy, CategoricalPolicy):
         zeros = jnp.zeros((num_envs, LSTM_SIZE), jnp.float32)
         return zeros, jnp.zeros_like(zeros)
 
+    def _features(self, obs: Shaped[Array, " B *obs"], prepared: bool) -> Float[Array, "B F"]:
+        """What the LSTM reads of each observation: the Nature CNN's 512 features, or the ReLU embedding."""
+        if self.torso is not None:
+            return self.torso.apply(obs if prepared else self.prepare(obs), self.conv_impl)
+        assert self.embedding is not None
+        return jax.nn.relu(self.embedding(obs.reshape(obs.shape[0], -1).astype(jnp.float32)))
+
     def step(
         self,
         memory: tuple[Array, Array],
@@ -178,15 +185,35 @@ class LSTMActorCritic(RecurrentPolicy, CategoricalPolicy):
         *,
         prepared: bool = False,
     ) -> tuple[tuple[Array, Array], Float[Array, "N A"], Float[Array, " N"]]:
-        keep = (~starts)[:, None].astype(jnp.float32)
-        h, c = (x * keep for x in memory)
-        if self.torso is not None:
-            features = self.torso.apply(obs if prepared else self.prepare(obs), self.conv_impl)
-        else:
-            assert self.embedding is not None
-            features = jax.nn.relu(self.embedding(obs.reshape(obs.shape[0], -1).astype(jnp.float32)))
-        h, c = self.lstm((h, c), features)
-        return (h, c), self.actor(h), self.critic(h)[:, 0]
+        memory = self.lstm(_reset(memory, starts), self._features(obs, prepared))
+        h = memory[0]
+        return memory, self.actor(h), self.critic(h)[:, 0]
+
+    def unroll(
+        self, memory: Memory, obs: Shaped[Array, "T N *obs"], starts: Bool[Array, "T N"], *, prepared: bool = False
+    ) -> tuple[Memory, Float[Array, "T N A"], Float[Array, "T N"]]:
+        """``step`` over a sequence, its arithmetic batched where no step depends on another: the features of every
+        observation at once, then the LSTM step by step (a ``lax.scan``), then the actor and critic at once."""
+        num_steps, num_envs = obs.shape[:2]
+        features = self._features(obs.reshape((num_steps * num_envs, *obs.shape[2:])), prepared)
+        features = features.reshape((num_steps, num_envs, -1))
+
+        def step(memory: tuple[Array, Array], xs: tuple[Array, Array]) -> tuple[tuple[Array, Array], Array]:
+            x, starts = xs
+            memory = self.lstm(_reset(memory, starts), x)
+            return memory, memory[0]
+
+        memory, hidden = jax.lax.scan(step, memory, (features, starts))
+        flat = hidden.reshape((num_steps * num_envs, -1))
+        outputs, values = self.actor(flat), self.critic(flat)[:, 0]
+        return memory, outputs.reshape((num_steps, num_envs, -1)), values.reshape((num_steps, num_envs))
+
+
+def _reset(memory: tuple[Array, Array], starts: Bool[Array, " N"]) -> tuple[Array, Array]:
+    """The memory of the envs whose observation begins an episode set to zeros (CleanRL's ``(1 - done) * state``)."""
+    keep = (~starts)[:, None].astype(jnp.float32)
+    h, c = memory
+    return h * keep, c * keep
 
 
 def lstm_model(
