@@ -32,7 +32,7 @@ ROLLOUT_PLACES = ("auto", "device", "host", "host-envs")
 NETWORK_INITS = ("cleanrl", "gymnax-blines")
 """How a model's layers may start (``core.networks.NetworkInit``, the same names, says what each means)."""
 LOSSES = ("cleanrl", "cleanrl-torch")
-"""The losses a config names (``core.loss.loss_named``); ``MODULE:ATTRIBUTE`` names a ``Loss`` of the user's."""
+"""The losses a config names (``host.named.loss_named``); ``MODULE:ATTRIBUTE`` names a ``Loss`` of the user's."""
 NETWORKS = ("feedforward", "lstm")
 """The models a config names (``host.named.network_named``); ``MODULE:CALLABLE`` names a factory of the user's."""
 OPTIMIZERS = ("cleanrl",)
@@ -313,8 +313,8 @@ class PPOConfig(Hyperparameters):
     def task(cls, env: Any, env_backend: str | None = None, **values: Any) -> "tuple[PPOConfig, EnvBackend, EnvSpec]":
         """``for_task``'s config, with the env backend and the env's spec that it was resolved with (each looked up
         once: the command line's plan carries them)."""
-        from .core.envs import backend  # jax: the command line's parsing starts without it
         from .core.envs.jax_env import as_jax_env
+        from .host.named import backend_named, check_backend  # jax: the command line's parsing starts without it
 
         if isinstance(env, str):
             env_id = env
@@ -322,13 +322,13 @@ class PPOConfig(Hyperparameters):
                 env_backend = "jax" if is_import_path(env) else "envpool"
             task = {"env_id": env_id, "env_backend": env_backend}
             cls.from_dict(task)  # names checked before the backend reads them
-            chosen = backend(env_backend)
+            chosen = backend_named(env_backend)
         else:
             chosen = as_jax_env(env)
             if env_backend not in (None, "jax"):
                 raise ConfigError(f"env_backend={env_backend!r} with an env object; allowed: None or 'jax'")
             task = {"env_id": chosen.env_id, "env_backend": "jax"}
-        spec = chosen.spec(task["env_id"])
+        spec = check_backend(chosen, task["env_backend"], task["env_id"], values.get("seed", cls.seed))
         preset = preset_for(
             spec.kind,
             state_is_data=chosen.state_is_data,

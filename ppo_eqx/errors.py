@@ -4,6 +4,10 @@ The command line (``ppo_eqx.cli``) maps them to exit statuses: ``ConfigError``, 
 ``UsageError`` are bad input (2), ``RunError`` a run that cannot go on (1).
 """
 
+import os
+import traceback
+from pathlib import Path
+
 MAX_SHOWN = 60
 """Characters of a value's repr that a message shows; longer ones are cut, so that a message is one line."""
 
@@ -15,6 +19,37 @@ def show_value(value: object) -> str:
     except ValueError:  # an int beyond Python's limit on digits
         text = f"<int of {value.bit_length()} bits>" if isinstance(value, int) else f"<{type(value).__name__}>"
     return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+
+
+def first_line(error: BaseException) -> str:
+    """An exception (one raised by the user's code, mostly) in one line: its type and its message's first line."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+_NOT_THE_USERS = (str(Path(__file__).resolve().parent), str(Path(os.__file__).resolve().parent))
+"""ppo_eqx's own files and the standard library's: a user's error is placed at the last frame outside them and
+outside installed packages (jax, equinox, numpy)."""
+
+
+def user_frame(error: BaseException) -> str:
+    """Where in the user's code ``error`` was raised: ``file:line`` of its traceback's last frame that is neither
+    ppo_eqx's, the standard library's nor an installed package's; empty where it has none (a call that never entered
+    the user's code, or code installed as a package)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    for frame in reversed(frames):
+        path = str(Path(frame.filename).resolve())
+        if path.startswith(_NOT_THE_USERS) or "site-packages" in path or "dist-packages" in path:
+            continue
+        return f"{frame.filename}:{frame.lineno}"
+    return ""
+
+
+def raised(error: BaseException) -> str:
+    """What the user's code did, in words: ``called sys.exit(3)``, or ``raised TYPE: message``, and where."""
+    done = f"called sys.exit({error.code!r})" if isinstance(error, SystemExit) else f"raised {first_line(error)}"
+    where = user_frame(error)
+    return f"{done} ({where})" if where else done
 
 
 class ConfigError(ValueError):

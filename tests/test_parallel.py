@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from ppo_eqx import ActorCritic, AgentHyperparameters, PPOConfig, make_optimizer, update
-from ppo_eqx.core.envs import backend
 from ppo_eqx.core.sharded import make_mesh, replicate, shard_batch, sharded_update
 from ppo_eqx.errors import ConfigError
 from ppo_eqx.host.mesh import check_mesh_config
+from ppo_eqx.host.named import backend_named as backend
 
 from .parallel_worker import CONFIG, flat, make_batch
 from .processes import ROOT, TIMEOUT_S, free_port, run_processes, worker_env

@@ -60,7 +60,8 @@ def test_the_your_own_network_and_optimizer_example_trains(tmp_path, monkeypatch
     assert len(returns) == 2  # two iterations of CartPole's preset, 4 envs x 128 steps
     import ppo_eqx
 
-    assert issubclass(namespace["Linear"], ppo_eqx.CategoricalPolicy)
+    linear = namespace["Linear"]
+    assert isinstance(linear, type) and issubclass(linear, ppo_eqx.CategoricalPolicy)
 
 
 @pytest.mark.unit

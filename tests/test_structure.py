@@ -14,8 +14,9 @@ pytestmark = pytest.mark.unit
 PACKAGE = Path(__file__).resolve().parents[1] / "ppo_eqx"
 LAYERS = ("core", "host", "cli")
 """The folders, lowest first: a module may import its own folder and those before it."""
-IMPURE = {"subprocess", "ctypes", "logging", "shutil", "tempfile", "socket", "threading"}
-"""What the core never imports: processes, loaded libraries, logs, files, sockets, threads."""
+IMPURE = {"subprocess", "ctypes", "logging", "shutil", "tempfile", "socket", "threading", "importlib", "os", "sys"}
+"""What the core never imports: processes, loaded libraries or modules, the process's own state (its environment,
+working directory, module table), logs, files, sockets, threads: names become objects at the edge (host.named)."""
 FILE_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "mkdir", "unlink", "rename", "replace"}
 
 

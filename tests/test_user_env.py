@@ -14,7 +14,7 @@ import pytest
 
 import ppo_eqx
 from ppo_eqx import ConfigError, PPOConfig, Trainer
-from ppo_eqx.core.envs import backend
+from ppo_eqx.host.named import backend_named as backend
 
 from .comparisons import final_checkpoint_bytes, leaves_equal, metrics, resume_a_copy
 from .user_env import LENGTH, Corridor, CorridorParams, kl_penalty
@@ -306,7 +306,8 @@ def test_a_loss_that_reports_a_reserved_name_or_an_array_is_refused():
         loss, info = ppo_eqx.model_loss(model, minibatch, hyperparameters, prepared=prepared)
         return loss, {**info._asdict(), "learning_rate": loss}
 
-    for loss, message in [(array_report, "per_sample of shape"), (reserved, "reports 'learning_rate'")]:
+    refusals = [(array_report, "reports per_sample as array of float32"), (reserved, "reports 'learning_rate'")]
+    for loss, message in refusals:
         with pytest.raises(ValueError, match=message), Trainer(config, env=env, loss=loss) as trainer:
             trainer.dispatch()
 

@@ -233,15 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import_jax()  # checks what jax reads at import; makes no backend yet
         STARTUP.lap("imports")
         saved_flags = schedule_small_programs(args)  # after the probe: it adds a flag XLA is known to take
-        if args.command == "train":
-            from .train_command import train_command
-
-            return train_command(args, probe)
-        if args.command == "build-kernel":
-            return build_kernel_command()
-        from .eval_command import eval_command
-
-        return eval_command(args, probe)
+        return _command(args, probe)
     except (UsageError, ConfigError, RunDirError) as error:
         _error(error)
         return 2
@@ -259,6 +251,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         if probe is not None:
             probe.close()
         restore_xla_flags(saved_flags)
+
+
+def _command(args: argparse.Namespace, probe: XlaFlagsProbe) -> int:
+    """The command ``args`` name, run. Past the flags nothing of ppo-eqx's raises ``SystemExit`` or
+    ``KeyboardInterrupt`` (signals are recorded, never raised, until a run's second Ctrl-C, which the run handles):
+    one that escapes was raised by code of the user's (a module, an env, a loss), and is a line, not its status."""
+    try:
+        if args.command == "train":
+            from .train_command import train_command
+
+            return train_command(args, probe)
+        if args.command == "build-kernel":
+            return build_kernel_command()
+        from .eval_command import eval_command
+
+        return eval_command(args, probe)
+    except (SystemExit, KeyboardInterrupt) as error:
+        from ..host.named import user_error
+
+        raise UsageError(str(user_error("code of yours", error))) from None
 
 
 def build_kernel_command() -> int:

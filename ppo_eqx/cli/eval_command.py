@@ -12,7 +12,7 @@ import equinox as eqx
 import jax
 
 from ..config import PPOConfig
-from ..core.envs import EnvSpec, backend
+from ..core.envs import EnvSpec
 from ..core.envs.normalize import NormalizedHandle
 from ..core.networks import ConvRoute
 from ..core.policy import Policy
@@ -20,6 +20,7 @@ from ..errors import RunError, UsageError
 from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint
 from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
 from ..host.evaluate import VIDEO_FORMATS, Evaluation, VideoWriter, eval_key, evaluate, normalization_of, summarise
+from ..host.named import backend_named
 from ..host.ownership import check_output, is_eval_result
 from ..host.run_directory import write_json
 from ..host.rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG
@@ -49,7 +50,7 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
     if args.video is not None:
         _check_video(args.video, run_dir, output)
     model, config, spec, statistics = _load_agent(checkpoint, args.env_backend, None if agent is None else agent[1])
-    if args.video is not None and spec.continuous and backend(config.env_backend).name == "envpool":
+    if args.video is not None and spec.continuous and backend_named(config.env_backend).name == "envpool":
         _check_renders(args.video, config.env_id)
     print(
         f"ppo-eqx: evaluating {path} ({config.env_id}, iteration {metadata['iteration']}) on {args.episodes} "
@@ -101,7 +102,7 @@ def _load_agent(
             f"{path} holds the {config.num_agents} agents of a --num-seeds or --sweep run; eval takes one agent's "
             f"directory ({path.parent.parent / names[0]}, ...)"
         )
-    spec = backend(config.env_backend).spec(config.env_id)
+    spec = backend_named(config.env_backend).spec(config.env_id)
     loaded = load_checkpoint(checkpoint, config, spec, conv_impl=_route(config, spec))
     model, statistics = loaded.model, normalization_of(loaded)
     if config.num_agents > 1:
@@ -110,7 +111,7 @@ def _load_agent(
         statistics = None if statistics is None else _agent_model(statistics, index)
     if env_backend is not None and env_backend != config.env_backend:  # the model plays on another backend's envs
         config = config.replace(env_backend=env_backend)
-        played = backend(env_backend).spec(config.env_id)
+        played = backend_named(env_backend).spec(config.env_id)
         if (played.obs_shape, played.num_actions) != (spec.obs_shape, spec.num_actions):
             raise UsageError(
                 f"--env-backend {env_backend}: {config.env_id} has observations {played.obs_shape} and "

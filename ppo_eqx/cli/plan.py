@@ -4,21 +4,18 @@
 import argparse
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import equinox as eqx
-import jax
+from typing import Any, NamedTuple, cast
 
 from ..config import NETWORKS, PPOConfig, flag
-from ..core.envs import EnvBackend, EnvSpec, backend
+from ..core.envs import EnvBackend, EnvSpec
 from ..core.envs.normalize import check_normalizable
-from ..core.loss import Loss, loss_named, model_loss
-from ..core.networks import ConvRoute
-from ..core.state import ModelFactory, default_model
+from ..core.loss import Loss, model_loss
+from ..core.networks import ConvRoute, NetworkInit
+from ..core.state import ModelFactory
 from ..core.update import OptimizerFactory, make_optimizer
 from ..errors import ConfigError, UsageError
 from ..host.checkpoint import CheckpointFile
-from ..host.named import check_model, check_optimizer, network_named, optimizer_named
+from ..host.named import backend_named, check_backend, check_user_code, loss_named, network_named, optimizer_named
 from ..host.placement import Placement, check_rollout_place
 from ..host.resume import read_run
 from ..host.rundir import CONFIG, agent_dirs
@@ -40,7 +37,7 @@ class Plan(NamedTuple):
     route: ConvRoute | None = None
     """How the convolutions are computed here (``devices.conv_route``), once the devices are joined."""
     loss: Loss = model_loss
-    """The loss the update descends (``config.loss``, imported at the edge: ``core.loss.loss_named``)."""
+    """The loss the update descends (``config.loss``, imported at the edge: ``host.named.loss_named``)."""
     model: ModelFactory | None = None
     """A model factory of the user's (``config.network``'s ``MODULE:CALLABLE``, imported and checked at the edge:
     ``host.named``); None: the Trainer makes ppo_eqx's own by name once the convolutions' route is known."""
@@ -98,7 +95,7 @@ def plan_new(args: argparse.Namespace, environment: dict[str, str | None]) -> Pl
     run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
     check_normalizable(config.normalize_obs, config.normalize_reward, spec, config.async_batch_size)
     check_rollout_place(config, chosen, spec)
-    return Plan(config, run_dir, chosen, spec, environment, loss=loss_named(config.loss), **_factories(config, spec))
+    return Plan(config, run_dir, chosen, spec, environment, **_user_code(config, spec))
 
 
 def plan_resume(args: argparse.Namespace, environment: dict[str, str | None]) -> Plan:
@@ -120,18 +117,17 @@ def plan_resume(args: argparse.Namespace, environment: dict[str, str | None]) ->
     config, newest = read_run(run_dir, "--resume", environment)
     if args.track and config.num_agents > 1:
         raise UsageError(f"--track logs one run; {run_dir} trains {config.num_agents} agents")
-    chosen = backend(config.env_backend)
-    spec, loss = chosen.spec(config.env_id), loss_named(config.loss)
-    return Plan(config, run_dir, chosen, spec, environment, newest, loss=loss, **_factories(config, spec))
+    chosen = backend_named(config.env_backend)
+    spec = check_backend(chosen, config.env_backend, config.env_id, config.seed)
+    return Plan(config, run_dir, chosen, spec, environment, newest, **_user_code(config, spec))
 
 
-def _factories(config: PPOConfig, spec: EnvSpec) -> dict[str, Any]:
-    """The model and optimizer factories ``config`` names, a user's imported and checked against the task now
-    (ConfigError naming it), before anything is written: the plan's ``model`` and ``optimizer``."""
-    model = None if config.network in NETWORKS else network_named(config.network)
-    optimizer = optimizer_named(config.optimizer)
-    shaped = None if model is None else check_model(model, spec)
-    if optimizer is not make_optimizer:
-        shaped = shaped or eqx.filter_eval_shape(default_model, spec, jax.random.key(0), init=config.network_init)
-        check_optimizer(optimizer, config, shaped)
-    return {"model": model, "optimizer": optimizer}
+def _user_code(config: PPOConfig, spec: EnvSpec) -> dict[str, Any]:
+    """The loss, model and optimizer factories ``config`` names, a user's imported and traced against the task now
+    (``host.named.check_user_code``: ConfigError naming it), before anything is written: the plan's ``loss``,
+    ``model`` and ``optimizer`` (a model of ppo_eqx's is named again once the convolutions' route is known)."""
+    users = config.network not in NETWORKS
+    model = network_named(config.network, init=cast(NetworkInit, config.network_init))
+    optimizer, loss = optimizer_named(config.optimizer), loss_named(config.loss)
+    check_user_code(config, spec, model=model, optimizer=optimizer, loss=loss)
+    return {"loss": loss, "model": model if users else None, "optimizer": optimizer}

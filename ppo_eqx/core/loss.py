@@ -7,7 +7,6 @@ from typing import Any, Protocol, cast, runtime_checkable
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ..errors import ConfigError
 from ._types import Batch, LossInfo, SequenceBatch
 from .checks import one_agent, typechecked
 from .hyperparameters import AgentHyperparameters
@@ -142,24 +141,6 @@ class Loss(Protocol):
         *,
         prepared: bool,
     ) -> tuple[Float[Array, ""], Any]: ...
-
-
-def loss_named(name: str) -> Loss:
-    """The loss a config names (``PPOConfig.loss``): "cleanrl", ``model_loss``; "cleanrl-torch",
-    ``torch_model_loss``; or ``MODULE:ATTRIBUTE``, the
-    user's, imported now (``core.user_code``; ConfigError for anything that goes wrong)."""
-    if name == "cleanrl":
-        return model_loss
-    if name == "cleanrl-torch":
-        return torch_model_loss
-    from .user_code import import_object
-
-    found = import_object(name, "loss")
-    if not callable(found):
-        raise ConfigError(
-            f"loss={name!r} is a {type(found).__name__}, not callable; allowed: a function (ppo_eqx.Loss)"
-        )
-    return cast(Loss, found)
 
 
 def check_loss(loss: Any) -> Loss:

@@ -12,7 +12,7 @@ from jaxtyping import Array, PRNGKeyArray
 
 from ..config import PPOConfig
 from ..core._types import EpisodeStats
-from ..core.envs import EnvBackend, EnvSpec, Pool, backend, derived_seeds
+from ..core.envs import EnvBackend, EnvSpec, Pool, derived_seeds
 from ..core.envs.jax_env import env_backend_of
 from ..core.envs.normalize import NormalizedHandle, normalize_pool
 from ..core.networks import conv_route_of
@@ -21,6 +21,7 @@ from ..core.recurrent import RecurrentPolicy
 from ..core.rollout import RolloutCarry, init_episode_stats, update_episode_stats
 from .compiled import own_jit
 from .conv_route import ready
+from .named import backend_named
 
 EVAL_STREAM = 2**32 - 1
 """Second word of the SeedSequence entropy of evaluation envs; training's segments use the iteration there."""
@@ -96,7 +97,7 @@ def evaluate(
     """
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
         raise ValueError(f"episodes={episodes!r}; allowed: an integer >= 1")
-    chosen = backend(config.env_backend) if env is None else env_backend_of(env, config.env_backend)
+    chosen = backend_named(config.env_backend) if env is None else env_backend_of(env, config.env_backend)
     check_plays(model, chosen.spec(config.env_id))
     ready(conv_route_of(model))
     num_envs = min(episodes, MAX_ENVS)

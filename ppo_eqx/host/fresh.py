@@ -12,7 +12,7 @@ from jaxtyping import Array, Int
 
 from ..config import PPOConfig
 from ..core.collect import InitialMemory
-from ..core.envs import EnvBackend, EnvSpec, backend
+from ..core.envs import EnvBackend, EnvSpec
 from ..core.hyperparameters import AgentHyperparameters
 from ..core.networks import ConvRoute, NetworkInit
 from ..core.recurrent import RecurrentPolicy
@@ -20,6 +20,7 @@ from ..core.state import Checkpoint, ModelFactory, init_agents
 from ..core.update import OptimizerFactory, make_optimizer
 from ..settings import Sizes
 from .compiled import OwnJit, own_jit
+from .named import backend_named
 from .pools import EnvShare, make_collector, pool_env_seeds
 
 
@@ -124,7 +125,7 @@ def init_checkpoint(
     normalisation statistics too (``normalize.kept``). Under ``eqx.filter_eval_shape`` the "like"
     tree that a checkpoint loads into (making envs written in JAX is pure: nothing runs)."""
     checkpoint = fresh_agents(config, spec, conv_impl=conv_impl, model=model, optimizer=optimizer)
-    env_backend = env_backend or cast(EnvBackend | None, spec.source) or backend(config.env_backend)
+    env_backend = env_backend or cast(EnvBackend | None, spec.source) or backend_named(config.env_backend)
     if not env_backend.state_is_data and not (config.normalize_obs or config.normalize_reward):
         return checkpoint
     memory = memory_of(model, spec)

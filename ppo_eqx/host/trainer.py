@@ -24,17 +24,17 @@ import jax.numpy as jnp
 
 from ..config import PPOConfig
 from ..core.collect import Collector
-from ..core.envs import AsyncPool, EnvBackend, EnvSpec, Pool, backend
+from ..core.envs import AsyncPool, EnvBackend, EnvSpec, Pool
 from ..core.envs.jax_env import env_backend_of
 from ..core.iteration import Metrics
-from ..core.loss import Loss, check_loss, loss_named
+from ..core.loss import Loss, check_loss
 from ..core.networks import ConvRoute, NetworkInit, conv_route_of
-from ..core.state import Checkpoint, ModelFactory, default_model
-from ..core.update import OptimizerFactory, make_optimizer
+from ..core.state import Checkpoint, ModelFactory
+from ..core.update import OptimizerFactory
 from ..errors import ConfigError
 from .conv_route import ready, resolve_conv_impl_for
 from .fresh import init_checkpoint, memory_of
-from .named import check_model, check_optimizer, network_named, optimizer_named
+from .named import backend_named, check_backend, check_user_code, loss_named, network_named, optimizer_named
 from .placement import Placement, Program, placement_for
 from .pools import make_collector, pool_env_seeds
 
@@ -123,9 +123,9 @@ class Trainer:
         self.config = config.validate()
         self.loss = loss_named(config.loss) if loss is None else check_loss(loss)
         if env_backend is None:
-            env_backend = backend(config.env_backend) if env is None else env_backend_of(env, config.env_backend)
+            env_backend = backend_named(config.env_backend) if env is None else env_backend_of(env, config.env_backend)
         self.backend = env_backend
-        self.spec: EnvSpec = spec or self.backend.spec(config.env_id)
+        self.spec: EnvSpec = spec or check_backend(self.backend, config.env_backend, config.env_id, config.seed)
         # The route a fresh model takes (a restored one has its own: nothing is resolved, or built, for it).
         route = conv_impl or (None if restore is None else conv_route_of(restore.model))
         route = route or resolve_conv_impl_for(config.conv_impl, self.spec)  # type: ignore[arg-type]
@@ -170,17 +170,14 @@ class Trainer:
         self._prepare_after(self.iteration)
 
     def _check_factories(self, restore: Checkpoint | None) -> None:
-        """A model factory and an optimizer of the user's, traced once against the task (ConfigError naming them);
-        ppo_eqx's own are left alone."""
-        model = None if restore is None else restore.model
-        if self.model is not None:
-            model = check_model(self.model, self.spec) if model is None else model
-        if self.optimizer is not make_optimizer:
-            if model is None:
-                model = eqx.filter_eval_shape(
-                    default_model, self.spec, jax.random.key(0), conv_impl="xla", init=self.config.network_init
-                )
-            check_optimizer(self.optimizer, self.config, model)
+        """The model factory, optimizer and loss, those of the user's traced once against the task (ConfigError
+        naming them: ``host.named.check_user_code``)."""
+        restored = None if restore is None else restore.model
+        if restored is not None and self.config.num_agents > 1:  # a stacked model: one agent's shapes
+            restored = jax.tree.map(lambda x: x[0] if eqx.is_array(x) else x, restored)
+        check_user_code(
+            self.config, self.spec, model=self.model, optimizer=self.optimizer, loss=self.loss, restored=restored
+        )
 
     def __enter__(self) -> "Trainer":
         return self

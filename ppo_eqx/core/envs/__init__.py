@@ -5,12 +5,12 @@ steps all of them at once through a pure, jittable ``step(handle, actions) -> (h
 ``AsyncPool`` (where the backend has one) receives and sends R of them at a time. Each backend lives in a
 module of its own, the only one that imports its library; ``backend(name)`` imports it on first use.
 ``envpool`` (``ppo_eqx.core.envs.envpool``, the default), ``ale`` (``ppo_eqx.core.envs.ale``, ALE's own vector env)
-``gymnax`` (``ppo_eqx.core.envs.gymnax``, envs written in JAX, whose state is data: ``EnvBackend.state_is_data``)
-and ``jax`` (``ppo_eqx.core.envs.jax_env``: any env object with gymnax's interface, ``JaxEnv``; by name, the env ids
-``MODULE:CALLABLE``). The names are shortcuts: ``MODULE:ATTRIBUTE`` names a backend object from outside the package.
+and ``gymnax`` (``ppo_eqx.core.envs.gymnax``, envs written in JAX, whose state is data: ``EnvBackend.state_is_data``);
+any env object with gymnax's interface is one too (``core.envs.jax_env.JaxEnv``). The names are shortcuts, resolved at
+the edge with the two that import the user's code: ``jax`` (env ids ``MODULE:CALLABLE``) and ``MODULE:ATTRIBUTE`` (a
+backend object of the user's): ``ppo_eqx.host.named.backend_named``.
 """
 
-import importlib
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -33,23 +33,41 @@ EnvSend = Callable[[Any, Int[Array, " R"], Int[Array, " R"]], Any]
 
 
 class _Module(NamedTuple):
-    module: str
-    """The module that implements the backend (its ``BACKEND``)."""
+    load: Callable[[], "EnvBackend"]
+    """Imports the module that implements the backend and returns its ``BACKEND``."""
     libraries: tuple[str, ...]
     """What it imports that may not be installed."""
     install: str
 
 
+def _envpool() -> "EnvBackend":
+    from .envpool import BACKEND
+
+    return BACKEND
+
+
+def _ale() -> "EnvBackend":
+    from .ale import BACKEND
+
+    return BACKEND
+
+
+def _gymnax() -> "EnvBackend":
+    from .gymnax import BACKEND
+
+    return BACKEND
+
+
 BACKENDS = {
-    "envpool": _Module("ppo_eqx.core.envs.envpool", ("envpool",), "pip install envpool"),
-    "ale": _Module("ppo_eqx.core.envs.ale", ("ale_py", "chex", "gymnasium"), "pip install 'ppo_eqx[ale]'"),
-    "gymnax": _Module("ppo_eqx.core.envs.gymnax", ("gymnax", "flax"), "pip install 'ppo_eqx[gymnax]'"),
-    "jax": _Module("ppo_eqx.core.envs.jax_env", (), ""),
+    "envpool": _Module(_envpool, ("envpool",), "pip install envpool"),
+    "ale": _Module(_ale, ("ale_py", "chex", "gymnasium"), "pip install 'ppo_eqx[ale]'"),
+    "gymnax": _Module(_gymnax, ("gymnax", "flax"), "pip install 'ppo_eqx[gymnax]'"),
 }
-"""Backend name -> where it lives and what it needs; the names are ``settings.ENV_BACKENDS`` (the jax-free face the
-command line's ``--env-backend`` takes), in its order: the check below keeps the two equal."""
-if tuple(BACKENDS) != ENV_BACKENDS:
-    raise TypeError(f"core.envs.BACKENDS names {tuple(BACKENDS)}, settings.ENV_BACKENDS {ENV_BACKENDS}: one list")
+"""Library backend name -> how it is loaded and what it needs; with "jax" (resolved at the edge) these are
+``settings.ENV_BACKENDS`` (the jax-free face the command line's ``--env-backend`` takes), in its order: the check
+below keeps the two equal."""
+if (*BACKENDS, "jax") != ENV_BACKENDS:
+    raise TypeError(f"core.envs.BACKENDS names {tuple(BACKENDS)} and 'jax', settings.ENV_BACKENDS {ENV_BACKENDS}")
 
 
 class EnvThreads(NamedTuple):
@@ -183,35 +201,21 @@ class HostBackend(Protocol):
 
 
 def backend(name: str) -> EnvBackend:
-    """The backend called ``name`` (its module imported now), or the object ``MODULE:ATTRIBUTE`` names (a backend
-    of the user's: docs/design.md, "A backend"); ConfigError for an unknown or missing one."""
-    if isinstance(name, str) and ":" in name:
-        return _outside_backend(name)
+    """The library backend called ``name`` (its module imported now); ConfigError for an unknown or missing one. The
+    names that import the user's code (``jax``, ``MODULE:ATTRIBUTE``) are the edge's: ``host.named.backend_named``."""
     if name not in BACKENDS:
-        raise ConfigError(f"env backend {name!r} is unknown; allowed: {', '.join(sorted(BACKENDS))}")
+        raise ConfigError(
+            f"env backend {name!r} is unknown here; allowed: {', '.join(sorted(BACKENDS))} (the names of code of "
+            "yours, 'jax' and MODULE:ATTRIBUTE, are ppo_eqx.host.named.backend_named's)"
+        )
     where = BACKENDS[name]
     try:
-        module = importlib.import_module(where.module)
+        return where.load()
     except ModuleNotFoundError as error:
         missing = (error.name or "").split(".")[0]
         if missing not in where.libraries:  # a library of the backend is missing, not something else
             raise
         raise ConfigError(f"env backend {name!r} is not installed (no module {missing!r}); {where.install}") from None
-    return module.BACKEND
-
-
-def _outside_backend(path: str) -> EnvBackend:
-    from ..user_code import import_object
-
-    found = import_object(path, "env_backend")
-    if not isinstance(found, EnvBackend):
-        missing = [name for name in ("name", "rebinds", "has_async", "state_is_data", "spec", "make", "make_async")
-                   if not hasattr(found, name)]  # fmt: skip
-        raise ConfigError(
-            f"env_backend={path!r} is a {type(found).__name__} without {', '.join(missing)}; allowed: an object "
-            "with EnvBackend's attributes (ppo_eqx.EnvBackend)"
-        )
-    return found
 
 
 def derived_seeds(seed: int, stream: int, num_envs: int) -> list[int]:

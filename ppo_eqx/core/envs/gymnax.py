@@ -14,49 +14,15 @@ state on the last allowed step): that is a termination. There are no lives and n
 learning episode is the reported one and ``reward`` the game's score.
 """
 
-import contextlib
 import functools
-import importlib.util
-import sys
-import types
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+import gymnax
 import jax
 
 from ...errors import ConfigError
 from . import BACKEND_THREADS, AsyncPool, EnvSpec, EnvThreads, Pool
 from .jax_env import JaxEnv
-
-PLOTTING = ("seaborn", "matplotlib.pyplot")
-"""What gymnax imports at its own import, for rendering two envs this backend never trains (Pong, Catch): a second
-of a short run's start (seaborn brings scipy.stats and pandas). Imported on first use instead."""
-
-
-class _OnFirstUse(types.ModuleType):
-    """A module not imported yet: its first attribute asked for imports it (and puts it in ``sys.modules``), for
-    whoever asks, gymnax's renderers or anyone after; those holding this stand-in are forwarded."""
-
-    def __getattr__(self, attribute: str) -> Any:
-        real = self.__dict__.get("_real")
-        if real is None:
-            if sys.modules.get(self.__name__) is self:
-                del sys.modules[self.__name__]
-            real = self.__dict__["_real"] = importlib.import_module(self.__name__)
-        return getattr(real, attribute)
-
-
-@contextlib.contextmanager
-def _plotting_on_first_use() -> Iterator[None]:
-    """While gymnax is imported, ``PLOTTING``'s modules not imported yet are stand-ins (``_OnFirstUse``)."""
-    for name in PLOTTING:
-        if name not in sys.modules and importlib.util.find_spec(name.split(".")[0]) is not None:
-            sys.modules[name] = _OnFirstUse(name)
-    yield
-
-
-with _plotting_on_first_use():
-    import gymnax
 
 SUPPORTED = (
     "CartPole-v1",

@@ -12,13 +12,11 @@ so the step is a plain pure function: the handle is ``vmap``-ed per agent, saved
 for bit, and the envs live for the whole run (``state_is_data``). Env i's key starts as ``PRNGKey(seeds[i])`` and
 is split at every step, one half carried on, the other given to the env's step.
 
-``ENV_ID_BACKEND`` ("jax") is the backend whose env ids are ``MODULE:CALLABLE``: the callable (imported, then
-called with no arguments) returns the env, or gymnax's ``(env, params)`` pair. A config that names one is trained,
-resumed and evaluated by the command line as any built-in env.
+The backend "jax", whose env ids are ``MODULE:CALLABLE`` (the callable, imported then called with no arguments,
+returns the env), imports the user's code: it is the edge's (``ppo_eqx.host.named``).
 """
 
 import contextlib
-import functools
 import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
@@ -28,10 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int, PyTree, UInt32
 
-from ...errors import ConfigError
-from ...settings import is_import_path
+from ...errors import ConfigError, raised
 from .._types import EnvOutput, ObsKind
-from ..user_code import first_line, import_object
 from . import BACKEND_THREADS, AsyncPool, EnvSpec, EnvThreads, Pool
 from .spaces import PROBE_ENVS, action_space_of, random_actions
 
@@ -199,7 +195,7 @@ class JaxEnv:
             dtype = np.dtype(obs_space.dtype)
         except (AttributeError, TypeError) as error:
             raise ConfigError(
-                f"{self.env_id}: observation_space(params) has no shape and dtype ({first_line(error)}); allowed: "
+                f"{self.env_id}: observation_space(params) has no shape and dtype ({raised(error)}); allowed: "
                 "a space with .shape and .dtype"
             ) from None
         kind = _kind(shape, dtype)
@@ -221,14 +217,14 @@ class JaxEnv:
     def _call(self, name: str) -> Any:
         try:
             return getattr(self.env, name)(self.params)
-        except Exception as error:  # the user's code: any failure is theirs to read, in one line
-            raise ConfigError(f"{self.env_id}: {name}(params) raised {first_line(error)}") from None
+        except BaseException as error:  # the user's code (sys.exit too): any failure is theirs to read, in one line
+            raise ConfigError(f"{self.env_id}: {name}(params) {raised(error)}") from None
 
     def _traced(self, what: str, fn: Any, *args: Any) -> Any:
         try:
             return jax.eval_shape(fn, *args)
-        except Exception as error:  # the user's code, traced
-            raise ConfigError(f"{self.env_id}: {what} raised {first_line(error)}") from None
+        except BaseException as error:  # the user's code, traced (sys.exit too)
+            raise ConfigError(f"{self.env_id}: {what} {raised(error)}") from None
 
     def _check_shapes(self, spec: EnvSpec, shape: tuple[int, ...]) -> None:
         """Reset's and step's outputs traced: the observation of ``shape`` (the declared one), scalar rewards and
@@ -273,8 +269,8 @@ class JaxEnv:
         try:
             with jax.ensure_compile_time_eval():  # values, even where a spec is first asked for inside a trace
                 rewards_finite, obs_finite = jax.jit(run)(jax.random.PRNGKey(0))
-        except Exception as error:  # the user's code, run
-            raise ConfigError(f"{self.env_id}: a step of {PROBE_ENVS} envs raised {first_line(error)}") from None
+        except BaseException as error:  # the user's code, run (sys.exit too)
+            raise ConfigError(f"{self.env_id}: a step of {PROBE_ENVS} envs {raised(error)}") from None
         if not bool(rewards_finite):
             raise ConfigError(
                 f"{self.env_id}: step returned a non-finite reward (NaN or inf) within {PROBE_STEPS} random steps; "
@@ -354,53 +350,3 @@ def env_backend_of(env: Any, env_backend: str) -> JaxEnv:
             "PPOConfig.for_task(env, ...) (env_backend 'jax')"
         )
     return as_jax_env(env)
-
-
-@functools.cache
-def env_from_path(env_id: str) -> JaxEnv:
-    """The env that ``env_id`` (``MODULE:CALLABLE``) makes, once per process: the callable called with no
-    arguments returns an env object or gymnax's ``(env, params)``."""
-    maker = import_object(env_id, "env_id")
-    if not callable(maker):
-        raise ConfigError(f"env_id={env_id!r} is a {type(maker).__name__}, not callable; allowed: a function or class")
-    try:
-        env = maker()
-    except Exception as error:  # the user's code
-        raise ConfigError(f"env_id={env_id!r}: calling it raised {first_line(error)}") from None
-    return JaxEnv(env, env_id=env_id)
-
-
-class EnvIdBackend:
-    """``EnvBackend`` "jax": env ids ``MODULE:CALLABLE`` (``env_from_path``), each env a ``JaxEnv``. A config
-    that names one is trained, resumed and evaluated from its config alone."""
-
-    name = "jax"
-    rebinds = True
-    has_async = False
-    state_is_data = True
-
-    def spec(self, env_id: str) -> EnvSpec:
-        return self._env(env_id).spec()
-
-    def make(
-        self, env_id: str, seeds: Sequence[int], *, render: bool = False, threads: EnvThreads = BACKEND_THREADS
-    ) -> Pool:
-        return self._env(env_id).make(env_id, seeds, render=render, threads=threads)
-
-    def make_async(
-        self, env_id: str, seeds: Sequence[int], batch_size: int, *, threads: EnvThreads = BACKEND_THREADS
-    ) -> AsyncPool:
-        return self._env(env_id).make_async(env_id, seeds, batch_size, threads=threads)
-
-    @staticmethod
-    def _env(env_id: str) -> JaxEnv:
-        if not is_import_path(env_id):
-            raise ConfigError(
-                f"env_id={env_id!r} names an env object, which the run cannot make again; allowed: MODULE:CALLABLE "
-                "(a callable that returns the env), or pass the object: Trainer(config, env=env), evaluate(..., "
-                "env=env)"
-            )
-        return env_from_path(env_id)
-
-
-BACKEND = EnvIdBackend()

@@ -1,0 +1,103 @@
+"""User code that breaks one contract each, as the adversarial review wrote it outside ppo_eqx (issue 53): losses,
+env factories and backends the command line must refuse in one line, before anything is written. Each is named on
+the command line as ``tests.hostile:NAME``."""
+
+import sys
+
+import jax.numpy as jnp
+
+import ppo_eqx
+
+from .user_env import Corridor
+
+
+def _clean(model, minibatch, hyperparameters, prepared):
+    return ppo_eqx.model_loss(model, minibatch, hyperparameters, prepared=prepared)
+
+
+def loss_not_scalar(model, minibatch, hyperparameters, *, prepared):
+    loss, info = _clean(model, minibatch, hyperparameters, prepared)
+    return loss * jnp.ones(3), info
+
+
+def loss_integer(model, minibatch, hyperparameters, *, prepared):
+    loss, info = _clean(model, minibatch, hyperparameters, prepared)
+    return jnp.asarray(loss, jnp.int32), info
+
+
+def loss_not_tuple(model, minibatch, hyperparameters, *, prepared):
+    return _clean(model, minibatch, hyperparameters, prepared)[0]
+
+
+def loss_raises(model, minibatch, hyperparameters, *, prepared):
+    raise RuntimeError("the user's loss failed")
+
+
+def loss_wrong_signature(model, minibatch):
+    return _clean(model, minibatch, None, True)
+
+
+def loss_string_metric(model, minibatch, hyperparameters, *, prepared):
+    loss, info = _clean(model, minibatch, hyperparameters, prepared)
+    return loss, {**info._asdict(), "note": "hello"}
+
+
+def loss_builtin_name(model, minibatch, hyperparameters, *, prepared):
+    loss, info = _clean(model, minibatch, hyperparameters, prepared)
+    return loss, {**info._asdict(), "sps": loss}
+
+
+def loss_exits(model, minibatch, hyperparameters, *, prepared):
+    sys.exit(0)
+
+
+def env_exits():
+    sys.exit(3)
+
+
+def env_interrupts():
+    raise KeyboardInterrupt
+
+
+def corridor():
+    return Corridor()
+
+
+class BackendSpecRaises:
+    name, rebinds, has_async, state_is_data = "broken", True, False, True
+
+    def spec(self, env_id):
+        raise ValueError("no such task here")
+
+    def make(self, env_id, seeds, **kwargs):
+        raise AssertionError("unreachable")
+
+    def make_async(self, env_id, seeds, batch_size, **kwargs):
+        raise AssertionError("unreachable")
+
+
+class BackendMakesNoPool(BackendSpecRaises):
+    def spec(self, env_id):
+        return ppo_eqx.JaxEnv(Corridor()).spec()
+
+    def make(self, env_id, seeds, **kwargs):
+        return "a pool"
+
+
+class BackendExits(BackendSpecRaises):
+    def spec(self, env_id):
+        sys.exit(0)
+
+
+spec_raises, makes_no_pool, exits = BackendSpecRaises(), BackendMakesNoPool(), BackendExits()
+
+
+class ExitsWhenStepped(Corridor):
+    """An env whose step calls sys.exit while it is traced (the door's probe of the env runs it)."""
+
+    def step(self, key, state, action, params):
+        sys.exit(0)
+
+
+def env_exits_when_stepped():
+    return ExitsWhenStepped()
