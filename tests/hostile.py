@@ -101,3 +101,15 @@ class ExitsWhenStepped(Corridor):
 
 def env_exits_when_stepped():
     return ExitsWhenStepped()
+
+
+class LateNaN(Corridor):
+    """The corridor whose reward is NaN at an episode's 45th step: its first 32 steps (the door's probe) are finite."""
+
+    def step(self, key, state, action, params):
+        obs, next_state, reward, done, info = super().step(key, state, action, params)
+        return obs, next_state, jnp.where(state.time == 44, jnp.nan, reward), done, info
+
+
+def late_nan():
+    return LateNaN()

@@ -2,6 +2,7 @@
 prunes it) and both output paths, then play, then write the results. eval takes no lock: it only reads the run."""
 
 import argparse
+import math
 import subprocess
 import sys
 import tempfile
@@ -69,7 +70,8 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
         "greedy": args.greedy,
         "seed": args.seed,
         **summary,
-        "returns": evaluation.returns,
+        # JSON has no NaN or inf: such a return is written null (summary's non_finite_returns counts them)
+        "returns": [r if math.isfinite(r) else None for r in evaluation.returns],
         "lengths": evaluation.lengths,
         "video": None if args.video is None or video_error else str(args.video),
     }
@@ -78,10 +80,16 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
         write_json(output, result)
     except OSError as error:
         raise RunError(f"could not write {output}: {error.strerror or error}") from None
+    shown = "no finite return"
+    if summary["mean_return"] is not None:
+        shown = (
+            f"return {summary['mean_return']:.2f} +- {summary['std_return']:.2f} "
+            f"(min {summary['min_return']:.2f}, max {summary['max_return']:.2f})"
+        )
+    odd = summary["non_finite_returns"]
+    note = f" ({odd} not finite, written as null)" if odd else ""
     print(
-        f"ppo-eqx: return {summary['mean_return']:.2f} +- {summary['std_return']:.2f} "
-        f"(min {summary['min_return']:.2f}, max {summary['max_return']:.2f}) over {args.episodes} episodes; "
-        f"written to {output}",
+        f"ppo-eqx: {shown} over {args.episodes} episodes{note}; written to {output}",
         flush=True,
     )
     if video_error:

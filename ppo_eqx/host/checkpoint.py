@@ -22,9 +22,11 @@ from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
+import numpy as np
 
 from ..config import INT32_MAX, PPOConfig
 from ..core.envs import EnvSpec
+from ..core.envs.normalize import NormalizedHandle
 from ..core.iteration import all_finite
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, ModelFactory
@@ -386,4 +388,28 @@ def load_checkpoint(
         raise CheckpointError(f"checkpoint {arrays} does not fit this model ({config.env_id}): {message}") from None
     if int(checkpoint.iteration) != file.metadata["iteration"]:
         raise CheckpointError(f"checkpoint {file.path} is damaged: its arrays are of another iteration")
+    problem = untrusted(checkpoint)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {file.path} holds {problem}; allowed: a checkpoint of finite numbers")
     return checkpoint
+
+
+def untrusted(checkpoint: Checkpoint) -> str | None:
+    """What in ``checkpoint`` cannot be trained or played from, in words: parameters or optimizer state that are not
+    finite, or normalisation statistics that are not (a mean, a variance or a count of NaN or inf) or impossible (a
+    negative variance, a count not above 0); None where all is well. A file whose hash was forged to match
+    (``read_checkpoint`` checks the bytes, not what they mean) is refused here."""
+    if not bool(all_finite((checkpoint.model, checkpoint.opt_state))):
+        return "parameters or optimizer state that are not finite (NaN or inf)"
+    handle = getattr(getattr(checkpoint, "envs", None), "handle", None)
+    if not isinstance(handle, NormalizedHandle):
+        return None
+    for what, moments in (("observations'", handle.obs), ("returns'", handle.returns)):
+        mean, var, count = (np.asarray(x, np.float64) for x in moments)
+        if not (np.isfinite(mean).all() and np.isfinite(var).all() and np.isfinite(count).all()):
+            return f"normalisation statistics of the {what} that are not finite (NaN or inf)"
+        if (var < 0).any() or (count <= 0).any():
+            return f"impossible normalisation statistics of the {what} (a negative variance or a count not above 0)"
+    if not np.isfinite(np.asarray(handle.discounted)).all():
+        return "discounted returns that are not finite (NaN or inf)"
+    return None

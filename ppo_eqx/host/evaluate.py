@@ -162,15 +162,22 @@ def check_plays(model: Policy, spec: EnvSpec) -> None:
         )
 
 
-def summarise(evaluation: Evaluation) -> dict[str, float]:
-    """Mean, (population) standard deviation, minimum and maximum of the returns; mean length."""
+def summarise(evaluation: Evaluation) -> dict[str, float | None]:
+    """Mean, (population) standard deviation, minimum and maximum of the finite returns (None where there is none);
+    mean length; and how many returns were not finite (an env of the user's can pay NaN or inf)."""
     returns = np.asarray(evaluation.returns, np.float64)
+    finite = returns[np.isfinite(returns)]
+
+    def of(statistic: Any) -> float | None:
+        return float(statistic(finite)) if finite.size else None
+
     return {
-        "mean_return": float(returns.mean()),
-        "std_return": float(returns.std()),
-        "min_return": float(returns.min()),
-        "max_return": float(returns.max()),
+        "mean_return": of(np.mean),
+        "std_return": of(np.std),
+        "min_return": of(np.min),
+        "max_return": of(np.max),
         "mean_length": float(np.mean(evaluation.lengths)),
+        "non_finite_returns": int(returns.size - finite.size),
     }
 
 

@@ -14,6 +14,7 @@ import errno
 import itertools
 import json
 import os
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -216,6 +217,12 @@ def check_output(flag: str, path: Path, run_dir: Path) -> None:
         raise RunDirError(f"{flag} {path}: no directory {parent}")
     if not os.access(parent, os.W_OK):
         raise RunDirError(f"{flag} {path}: {parent} is not writable")
+    try:  # what os.access cannot say (a read-only or pseudo file system, root's writes refused): a file made there
+        fd, probe = tempfile.mkstemp(prefix=".ppo-eqx-probe-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise RunDirError(f"{flag} {path}: cannot write in {parent}: {error.strerror or error}") from None
 
 
 def check_new_run_dir(run_dir: Path, overwrite: bool) -> None:
