@@ -31,8 +31,9 @@ from ..core.iteration import all_finite
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, ModelFactory
 from ..core.update import OptimizerFactory
-from ..errors import CheckpointError, ConfigError, show_value
+from ..errors import CheckpointError, ConfigError, RunDirError, show_value
 from .fresh import init_checkpoint
+from .lock import RunLock
 from .named import network_named, optimizer_named
 from .run_directory import RunDirectory, json_bytes
 from .rundir import CHECKPOINT_DIR, CONFIG
@@ -103,9 +104,11 @@ def save_checkpoint(
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``checkpoint`` as ``run_dir/checkpoints/iter_NNNNNN.{eqx,json}``, listed in the directory's manifest
-    first, then delete all but the ``keep`` newest of the checkpoints that the manifest lists (one it does not list,
-    a user's own, is never deleted). Returns the ``.json`` path. Refuses (FloatingPointError) a model or optimizer
-    state with NaN or inf. ``run_dir`` is a path (the library's: made if missing) or a run's ``RunDirectory``.
+    first, then delete all but the ``keep`` newest of the checkpoints of this run (``config``'s) that the manifest
+    lists (one of another run, or one it does not list, a user's own, is never deleted). Returns the ``.json`` path.
+    Refuses (FloatingPointError) a model or optimizer state with NaN or inf. ``run_dir`` is a path (the library's:
+    made if missing, and locked for the write as ``ppo-eqx train`` locks it: RunDirError naming the process that
+    holds it) or a run's ``RunDirectory`` (whose owner holds its lock).
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(
@@ -115,8 +118,17 @@ def save_checkpoint(
     if not bool(all_finite((checkpoint.model, checkpoint.opt_state))):
         raise FloatingPointError(f"refusing to checkpoint non-finite parameters at iteration {checkpoint.iteration}")
     if not isinstance(run_dir, RunDirectory):
-        with RunDirectory.at(Path(run_dir)) as directory:
-            return save_checkpoint(directory, checkpoint, config, spec, keep=keep, extra=extra)
+        path = Path(run_dir)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise RunDirError(f"{path} is not a directory ppo-eqx can write: {error.strerror}") from None
+        lock = RunLock.take(path, "ppo_eqx.save_checkpoint")
+        try:
+            with RunDirectory(path, lock.directory_fd()) as directory:
+                return save_checkpoint(directory, checkpoint, config, spec, keep=keep, extra=extra)
+        finally:
+            lock.release()
     directory = run_dir
     iteration = int(checkpoint.iteration)
     data = _serialise(checkpoint)
@@ -140,7 +152,7 @@ def save_checkpoint(
     directory.make_dir(CHECKPOINT_DIR)
     directory.write(f"{CHECKPOINT_DIR}/{name}.eqx", data)
     directory.write(f"{CHECKPOINT_DIR}/{name}.json", json_bytes(metadata))
-    _prune(directory, keep, iteration)
+    _prune(directory, keep, iteration, config)
     return directory.path / CHECKPOINT_DIR / f"{name}.json"
 
 
@@ -172,15 +184,18 @@ def _check_fits(checkpoint: Checkpoint, config: PPOConfig, spec: EnvSpec) -> Non
         )
 
 
-def _prune(directory: RunDirectory, keep: int, written: int) -> None:
-    """Delete all but the ``keep`` newest of the checkpoints that ``directory``'s manifest lists (the ``.json``
-    first: no half-deleted checkpoint is left that looks whole), never the one just ``written``; and listed
-    ``.eqx`` files whose ``.json`` is gone."""
+def _prune(directory: RunDirectory, keep: int, written: int, config: PPOConfig) -> None:
+    """Delete all but the ``keep`` newest of the checkpoints that ``directory``'s manifest lists and that are of the
+    run of ``config`` (the ``.json`` first: no half-deleted checkpoint is left that looks whole), never the one just
+    ``written``; and listed ``.eqx`` files whose ``.json`` is gone. A checkpoint of another run (another config: a
+    finished run a library saves beside) is not this run's to prune."""
     names = directory.names(CHECKPOINT_DIR)
     listed = sorted(
         int(m.group(1))
         for name in names
-        if (m := _NAME.fullmatch(name)) and directory.listed("file", f"{CHECKPOINT_DIR}/{name}")
+        if (m := _NAME.fullmatch(name))
+        and directory.listed("file", f"{CHECKPOINT_DIR}/{name}")
+        and _config_of(directory, f"{CHECKPOINT_DIR}/{name}") == config
     )
     others = [i for i in listed if i != written]
     for iteration in others[: max(len(others) + 1 - keep, 0)]:
@@ -190,6 +205,16 @@ def _prune(directory: RunDirectory, keep: int, written: int) -> None:
     for name in left:
         if name.endswith(".eqx") and name.removesuffix(".eqx") + ".json" not in left:
             directory.delete(f"{CHECKPOINT_DIR}/{name}")
+
+
+def _config_of(directory: RunDirectory, relative: str) -> PPOConfig | None:
+    """The config a checkpoint's ``.json`` in ``directory`` holds (fields it lacks, an older version's, at their
+    defaults); None where it cannot be read as one."""
+    data = directory.read(relative)
+    try:
+        return PPOConfig.from_dict(json.loads(data or b"")["config"])
+    except (ValueError, KeyError, TypeError, RunDirError):
+        return None
 
 
 def resolve_checkpoint(path: Path) -> Path:

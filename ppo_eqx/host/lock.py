@@ -165,14 +165,42 @@ class RunLock:
             "since": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": command,
         }
-        fd = _open_regular(self.run_dir / LOCK, os.O_RDWR | os.O_CREAT)
+        data = (json.dumps(holder) + "\n").encode()
+        if stat.S_ISDIR(os.fstat(self._fd).st_mode):  # the directory is the lock: its lock file only says who
+            self._replace_holder(data)
+            return
+        fd = _open_regular(self.run_dir / LOCK, os.O_RDWR | os.O_CREAT)  # the lock file is the lock: written in place
         try:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+            os.pwrite(fd, data, 0)
         except OSError as error:
             raise RunDirError(f"--run-dir {self.run_dir} is not writable: {error.strerror}") from None
         finally:
             os.close(fd)
+
+    def _replace_holder(self, data: bytes) -> None:
+        """The lock file written anew and renamed over its name: a lock file hard-linked into another directory
+        (``cp -al RUN BAK``) keeps saying who holds that one."""
+        try:
+            mode = os.lstat(self.run_dir / LOCK).st_mode
+        except FileNotFoundError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):  # a link, a FIFO, a directory: not ours to replace
+            raise RunDirError(
+                f"{self.run_dir / LOCK} is a {kind_of(mode)}, not the file ppo-eqx keeps there; remove it and try again"
+            )
+        temporary = self.run_dir / f"{LOCK}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.replace(temporary, self.run_dir / LOCK)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise RunDirError(f"--run-dir {self.run_dir} is not writable: {error.strerror}") from None
 
     def directory_fd(self) -> int:
         """A new descriptor of the directory this lock holds: the locked descriptor's own duplicate, or (where the
