@@ -108,7 +108,7 @@ class _ChunkedTrainer(Trainer):
         )
         self.iteration, self.length = 0, length
 
-    def dispatch(self, until=None):
+    def dispatch(self, until=None, most=None):
         until = self.config.num_iterations if until is None else until
         every = self.config.checkpoint_every
         count = min(self.length, (self.iteration // every + 1) * every - self.iteration, until - self.iteration)

@@ -129,7 +129,7 @@ class _SleepingTrainer(Trainer):
         self.iteration, self.seconds, self.clock = 0, seconds, clock
         self.metrics = {"loss": jax.numpy.float32(0.5), "finite": jax.numpy.asarray(True)}
 
-    def dispatch(self, until=None):
+    def dispatch(self, until=None, most=None):
         from ppo_eqx.host.trainer import Dispatch
 
         self.clock.now += self.seconds
@@ -176,7 +176,7 @@ class _HostLoopTrainer(_SleepingTrainer):
         super().__init__(seconds, iterations, clock)
         self.update = update
 
-    def dispatch(self, until=None):
+    def dispatch(self, until=None, most=None):
         from ppo_eqx.host.trainer import Dispatch
 
         self.clock.now += self.seconds
@@ -197,3 +197,41 @@ def test_each_record_times_its_own_iteration_when_a_host_loop_runs_it(monkeypatc
     for record in records:
         assert record["sps"] == pytest.approx(10_240), record
     assert records[-1]["time_elapsed"] == pytest.approx(0.25)
+
+
+class _ChunkTrainer(_SleepingTrainer):
+    """A program of up to 250 iterations (an env written in JAX), each taking ``seconds`` of ``clock``: how many it
+    runs is what the loop asks for (``most``)."""
+
+    length = 250
+
+    def __init__(self, seconds: float, iterations: int, clock: _Clock):
+        super().__init__(seconds, iterations, clock)
+        self.counts: list[int] = []
+
+    def dispatch(self, until=None, most=None):
+        from ppo_eqx.host.trainer import Dispatch
+
+        count = min(self.length, most or self.length, self.config.num_iterations - self.iteration)
+        self.counts.append(count)
+        self.clock.now += self.seconds * count
+        self.iteration += count
+        rows = {name: jax.numpy.repeat(value[None], self.length, axis=0) for name, value in self.metrics.items()}
+        return Dispatch(self.iteration, count, rows, True)  # pyright: ignore[reportArgumentType]
+
+
+def test_a_program_of_many_iterations_runs_about_ten_seconds_of_them_however_slow(monkeypatch: pytest.MonkeyPatch):
+    from ppo_eqx.host import loop
+
+    clock = _Clock()
+    monkeypatch.setattr(loop, "time", clock)
+    slow = _ChunkTrainer(seconds=2.0, iterations=30, clock=clock)  # a slow env: 2 s an iteration
+    records = [records[0] for records in loop.run_agents(slow)]
+    assert [r["iteration"] for r in records] == list(range(1, 31))
+    # One iteration until the pace is known (the next program is dispatched before the first's time is read), then
+    # 10 s of iterations a program.
+    assert slow.counts[:3] == [1, 1, 5] and max(slow.counts) == 5
+    assert all(r["sps"] == pytest.approx(512 / 2.0) for r in records)
+    fast = _ChunkTrainer(seconds=0.001, iterations=600, clock=clock)
+    list(loop.run_agents(fast))
+    assert fast.counts == [1, 1, 250, 250, 98]  # the program's own length bounds a fast one

@@ -67,14 +67,17 @@ def run_agents(
     a checkpoint), in which case ``trainer.state`` is that of iteration k when k's records are yielded, or the
     program runs a host loop (``Dispatch.overlaps``). Each record's ``sps`` is its iteration's own. Otherwise
     it may be ahead (``trainer.iteration``): keep iterating to receive those iterations' records. With programs of
-    several iterations, ``pause`` is asked at each program's end, and their records come together after it.
+    several iterations, ``pause`` is asked at each program's end, and their records come together after it; each
+    program runs as many of its iterations as take about ``DISPATCH_SECONDS`` at the pace measured so far (one, the
+    first time), so that a stop request (Ctrl-C) is acted on within seconds however slow an env is.
     """
     if trainer.closed:
         raise RuntimeError("this Trainer is closed (its envs and programs are gone); make a new one")
     config, pause = trainer.config, pause or (lambda iteration: False)
     start = last = time.perf_counter()
     total = config.num_iterations if num_iterations is None else num_iterations
-    pending = trainer.dispatch(total) if trainer.iteration < total else None
+    pace = _Pace()
+    pending = trainer.dispatch(total, most=pace.most()) if trainer.iteration < total else None
     while pending is not None:
         end = pending.end
         # When the program ended: before the next is dispatched if it is done by then (a backend that ran it within
@@ -84,9 +87,10 @@ def run_agents(
         paused = end < total and pause(end)
         # A program whose dispatch runs a host loop is followed once its metrics are read: the next one's loop waits
         # for its update anyway, and its time ends where its update does, not after the next one's rollout.
-        ahead = trainer.dispatch(total) if end < total and not paused and pending.overlaps else None
+        ahead = trainer.dispatch(total, most=pace.most()) if end < total and not paused and pending.overlaps else None
         rows = pending.rows(jax.device_get(pending.metrics))
         now = before_ahead if done else time.perf_counter()
+        pace.measured(now - last, pending.count)
         for iteration, metrics in enumerate(rows, start=end - pending.count + 1):
             finite = np.asarray(metrics.pop(FINITE)).all()
             records = agent_records(config, iteration, metrics, (now - last) / pending.count)
@@ -95,7 +99,30 @@ def run_agents(
             _check_finite(config, iteration, records, bool(finite))
             yield records
         last = now
-        pending = ahead if ahead is not None else trainer.dispatch(total) if trainer.iteration < total else None
+        if ahead is None and trainer.iteration < total:
+            ahead = trainer.dispatch(total, most=pace.most())
+        pending = ahead
+
+
+DISPATCH_SECONDS = 10.0
+"""About how long one program of several iterations may run (``iterations_per_dispatch``): the loop acts on a stop
+request, writes checkpoints and reads metrics between programs."""
+
+
+class _Pace:
+    """How many iterations the next program may run: one until an iteration's time is known, then as many as take
+    about ``DISPATCH_SECONDS`` (the program's own length bounds it: ``Trainer.dispatch``)."""
+
+    def __init__(self) -> None:
+        self.per_iteration: float | None = None
+
+    def measured(self, seconds: float, iterations: int) -> None:
+        self.per_iteration = max(seconds, 0.0) / max(iterations, 1)
+
+    def most(self) -> int:
+        if self.per_iteration is None:
+            return 1
+        return max(1, int(DISPATCH_SECONDS / max(self.per_iteration, 1e-9)))
 
 
 def _check_finite(config: PPOConfig, iteration: int, records: list[dict[str, Any]], finite: bool) -> None:

@@ -220,16 +220,17 @@ class Trainer:
         self._segment.program.compile(self.state)
         return time.perf_counter() - start
 
-    def dispatch(self, until: int | None = None) -> Dispatch:
-        """Run the program once (dispatched, not waited for): up to ``iterations_per_dispatch`` iterations, ending
-        at the next multiple of ``checkpoint_every`` or at ``until`` (default: the run's end) if sooner; new envs
-        after every ``checkpoint_every``-th iteration where the backend has segments."""
+    def dispatch(self, until: int | None = None, *, most: int | None = None) -> Dispatch:
+        """Run the program once (dispatched, not waited for): up to ``iterations_per_dispatch`` iterations (and at
+        most ``most``), ending at the next multiple of ``checkpoint_every`` or at ``until`` (default: the run's end)
+        if sooner; new envs after every ``checkpoint_every``-th iteration where the backend has segments. However
+        many a program runs, each iteration computes what it computes alone (``core.iteration.over_iterations``)."""
         if self.closed:
             raise RuntimeError("this Trainer is closed (its envs and programs are gone); make a new one")
         config, program = self.config, self._segment.program
         every, until = config.checkpoint_every, config.num_iterations if until is None else until
         boundary = (self.iteration // every + 1) * every
-        count = max(1, min(program.length, boundary - self.iteration, until - self.iteration))
+        count = max(1, min(program.length, most or program.length, boundary - self.iteration, until - self.iteration))
         self.state, metrics = program(self.state, count)
         self.iteration += count
         renew = not self.backend.state_is_data and self.iteration % every == 0
