@@ -77,3 +77,11 @@ def test_auto_passes_a_damaged_kernel_by_with_a_note_and_trains(cache, tmp_path)
     assert code == 0, out + err
     assert any("damaged" in line and "build-kernel" in line for line in out + err), out + err
     assert library.read_bytes() == before  # auto starts no compiler
+
+
+@needs_compiler
+def test_an_unwritable_kernel_cache_is_named_as_such_not_as_a_linker_error() -> None:
+    # /proc/self is a directory no process, root included, makes a file in.
+    code, out, err = run_child(ppo_eqx("build-kernel"), env=worker_env() | {"PPO_EQX_CACHE": "/proc/self"})
+    assert code == 1, out + err
+    assert len(err) == 1 and "the kernel cache /proc/self is not writable" in err[0] and "/ld" not in err[0], err

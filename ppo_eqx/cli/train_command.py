@@ -15,7 +15,7 @@ import jax
 from ..host.checkpoint import load_checkpoint
 from .checks import check_addresses, check_wandb_names, require
 from .devices import on_these_devices, start_processes
-from .environment import XlaFlagsProbe, check_jax_settings, results_environment
+from .environment import XlaFlagsProbe, check_backend, check_jax_settings, results_environment
 from .plan import Plan, plan_new, plan_resume
 from .stopwatch import STARTUP
 from .supervisor import RunOptions, Supervisor
@@ -28,12 +28,14 @@ def train_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) 
     # XLA_FLAGS first: a backend that planning makes (gymnax's spec computes) would end the process on a bad flag.
     probe.check()
     check_jax_settings()
+    one_process = not (args.distributed or args.coordinator_address)
+    if one_process:  # the plan may compute (an env written in JAX): a JAX_PLATFORMS jax cannot start is one line first
+        check_backend(probe)
     plan = _checked_plan(args, results_environment(probe.flags))
     STARTUP.lap("plan")
     if plan.nothing_to_resume:  # said before anything is joined, built or taken: the lock file is left as it is too
         print(plan.nothing_to_resume, flush=True)
         return 0
-    one_process = not (args.distributed or args.coordinator_address)
     mesh = start_processes(args, probe)
     plan, route = on_these_devices(plan, mesh)
     STARTUP.lap("devices")

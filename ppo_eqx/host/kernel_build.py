@@ -110,6 +110,13 @@ def build(path: Path, march: str = "native") -> None:
     except OSError as error:
         raise KernelUnavailable(f"could not create the kernel cache {path.parent}: {error}") from error
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:  # the cache's own fault (read-only, another's permissions), not the compiler's or the linker's
+        partial.touch()
+    except OSError as error:
+        raise KernelUnavailable(
+            f"the kernel cache {path.parent} is not writable ({error.strerror}); set $PPO_EQX_CACHE to a writable "
+            "directory"
+        ) from error
     command = [compiler, f"-march={march}", *FLAGS, "-I", jax.ffi.include_dir(), str(SOURCE), "-o", str(partial)]
     try:
         result = subprocess.run(command, capture_output=True, text=True, check=False)
