@@ -83,6 +83,12 @@ CASES = {
         f"train-JAX_PLATFORMS={name}": Case(train, ("JAX_PLATFORMS", name), platform(name))
         for name in ("cuda", "tpu", "bogus")
     },
+    **{  # the plan computes an env written in JAX before the devices are joined: checked before it (issue 53)
+        f"train-gymnax-JAX_PLATFORMS={name}": Case(
+            lambda case, run: train(case, run, "--env-backend", "gymnax"), ("JAX_PLATFORMS", name), platform(name)
+        )
+        for name in ("cuda", "tpu")
+    },
     **{
         f"eval-JAX_PLATFORMS={name}": Case(
             evaluate, ("JAX_PLATFORMS", name), platform(name), EVAL_OUT, ("does not fit", "damaged")
