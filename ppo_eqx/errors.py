@@ -45,6 +45,26 @@ def user_frame(error: BaseException) -> str:
     return ""
 
 
+def callback_fault(error: BaseException) -> str | None:
+    """What the user's code raised inside a host callback of a compiled program (an env's step that calls back to
+    Python), read from the error XLA raises for it ("CpuCallback error ... Traceback ..."): ``raised TYPE: message
+    (file:line)`` at its last frame in the user's file; None for any other error."""
+    text = str(error)
+    if "CpuCallback error" not in text and "Traceback (most recent call last)" not in text:
+        return None
+    lines = [line for line in text.splitlines() if line.strip()]
+    frames = [line.strip() for line in lines if line.strip().startswith('File "')]
+    where = ""
+    for frame in reversed(frames):
+        path = frame.split('"')[1]
+        resolved = str(Path(path).resolve())
+        if not (resolved.startswith(_NOT_THE_USERS) or "site-packages" in resolved or "dist-packages" in resolved):
+            where = f"{path}:{frame.split('line ')[-1].split(',')[0]}"
+            break
+    last = lines[-1].strip()
+    return f"raised {last}" + (f" ({where})" if where else "")
+
+
 def raised(error: BaseException) -> str:
     """What the user's code did, in words: ``called sys.exit(3)``, or ``raised TYPE: message``, and where."""
     done = f"called sys.exit({error.code!r})" if isinstance(error, SystemExit) else f"raised {first_line(error)}"

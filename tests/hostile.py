@@ -113,3 +113,29 @@ class LateNaN(Corridor):
 
 def late_nan():
     return LateNaN()
+
+
+_CALLS = [0]
+
+
+def _count(x):
+    """A host function the env calls every step: it fails on its 600th call, mid-run."""
+    _CALLS[0] += 1
+    if _CALLS[0] >= 600:
+        raise ValueError(f"the user's env failed at call {_CALLS[0]}")
+    return x
+
+
+class FailsMidRun(Corridor):
+    """The corridor whose step calls back to the host, which raises once the run is under way."""
+
+    def step(self, key, state, action, params):
+        import jax
+
+        obs, next_state, reward, done, info = super().step(key, state, action, params)
+        reward = jax.pure_callback(_count, jax.ShapeDtypeStruct((), jnp.float32), reward, vmap_method="sequential")
+        return obs, next_state, reward, done, info
+
+
+def fails_mid_run():
+    return FailsMidRun()

@@ -57,3 +57,28 @@ def test_the_library_refuses_a_broken_loss_when_the_trainer_is_made() -> None:
     config = ppo_eqx.PPOConfig.for_task(env, num_steps=16, total_timesteps=256)
     with pytest.raises(ppo_eqx.ConfigError, match=r"loss=tests.hostile:loss_not_tuple returned a array of float32\[\]"):
         ppo_eqx.Trainer(config, env=env, loss=loss_not_tuple)  # type: ignore[arg-type]
+
+
+def test_an_env_whose_host_callback_fails_mid_run_is_one_line_and_keeps_the_checkpoint(tmp_path: Path) -> None:
+    """The env's step calls back to Python and that raises on its 600th call, mid-run: one line naming what it
+    raised and where in the user's file and the iteration, exit 1, the checkpoint before it intact, and no advice to
+    run again: the same code fails the same way from there."""
+    from ppo_eqx.host.checkpoint import list_checkpoints
+
+    from .processes import ppo_eqx, run_child
+
+    run = tmp_path / "run"
+    flags = ["--env-id", "tests.hostile:fails_mid_run", "--num-envs", "4", "--num-steps", "64"]
+    flags += ["--total-timesteps", "2048", "--checkpoint-every", "1", "--no-progress", "--run-dir", str(run)]
+    code, _, err = run_child(ppo_eqx("train", *flags))
+    assert code == 1, err
+    lines = [line for line in err if line.startswith("ppo-eqx: error")]
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert "raised ValueError: the user's env failed at call 600" in line, line
+    assert "tests/hostile.py:" in line, line
+    assert not any("Traceback" in text for text in err), err
+    assert "again" not in line.split("intact")[-1].replace("meets this fault again", ""), line
+    kept = list_checkpoints(run)
+    last = int(kept[-1].stem.split("_")[-1])  # the last checkpoint is the one before the failing iteration
+    assert f"host callback of iteration {last + 1};" in line and f"{kept[-1]} is intact" in line, line

@@ -4,6 +4,7 @@ Trainer, Ctrl-C and SIGTERM, checkpoints at segment boundaries, and how it ends.
 import argparse
 import contextlib
 import dataclasses
+import logging
 import math
 import signal
 import sys
@@ -21,7 +22,7 @@ from tqdm import tqdm
 from ..config import PPOConfig
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
-from ..errors import NonFiniteError, RunDirError, RunError
+from ..errors import NonFiniteError, RunDirError, RunError, callback_fault
 from ..host.checkpoint import save_checkpoint
 from ..host.conv_route import auto_note
 from ..host.loop import run_agents
@@ -148,12 +149,20 @@ class Supervisor:
             print(f"ppo-eqx: stopped by {stopped} before training started; {self.plan.run_dir} holds no checkpoint "
                   "of this run", file=sys.stderr)  # fmt: skip
             return exit_status(getattr(signal, stopped))
-        with self._signals(), self._thread_errors():
+        with self._signals(), self._thread_errors(), _quiet_callback_log():
             try:
                 self._open()
                 self._loop()
                 return self._end()
-            except jax.errors.JaxRuntimeError as error:  # out of memory, a device lost: XLA's own, many lines
+            except (jax.errors.JaxRuntimeError, ValueError) as error:  # XLA's own, many lines; a callback's fault
+                user = callback_fault(error)
+                if user is not None:  # the user's code (an env's host callback): it fails so again from there
+                    iteration = self.records[0]["iteration"] + 1 if self.records else self.plan.start_iteration + 1
+                    raise RunError(
+                        f"code of yours {user} in a host callback of iteration {iteration}; {self._kept(again=False)}"
+                    ) from None
+                if not isinstance(error, jax.errors.JaxRuntimeError):
+                    raise
                 line = (str(error).splitlines() or [type(error).__name__])[0]
                 again = not line.startswith(DETERMINISTIC)
                 raise RunError(f"{line}; {self._kept(again)}") from None
@@ -410,6 +419,19 @@ class Supervisor:
         for agent in self.agents:
             if agent is not self.directory:
                 agent.close()
+
+
+@contextlib.contextmanager
+def _quiet_callback_log() -> Iterator[None]:
+    """jax logs a failing host callback's traceback as it happens (``jax._src.callback``); the run says it in one
+    line once the error reaches it (``callback_fault``)."""
+    logger = logging.getLogger("jax._src.callback")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _route(hardware: dict[str, Any]) -> str:
