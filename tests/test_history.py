@@ -134,3 +134,25 @@ def test_a_damaged_metrics_file_is_refused_or_repaired_never_extended(resumed: d
     else:  # repaired: every iteration once, in order
         assert result.code == 0, result.out + result.err
         assert iterations(result.run_dir) == [1, 2, 3, 4]
+
+
+def test_a_huge_line_in_metrics_costs_no_more_memory_than_a_row(tmp_path: Path) -> None:
+    """A line of 64 MiB (a copy gone wrong, a user's stray write) among the rows is skipped as damage is, read in
+    pieces: the peak memory of reading the file stays far below the line's size (it was 3.4x a 1 GB line)."""
+    import json
+    import tracemalloc
+
+    from ppo_eqx.host.resume import checked_metrics
+
+    rows = [json.dumps({"iteration": i, "loss": 0.5}) for i in (1, 2)]
+    path = tmp_path / "metrics.jsonl"
+    with path.open("w") as file:
+        file.write(rows[0] + "\n" + '{"iteration": 9, "x": "' + "a" * (64 << 20) + '"}\n' + rows[1] + "\n")
+    tracemalloc.start()
+    try:
+        kept = checked_metrics(path, 2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert kept == [row + "\n" for row in rows]
+    assert peak < 16 << 20, peak

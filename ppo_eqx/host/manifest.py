@@ -282,8 +282,9 @@ def never_trained(run_dir: Path, entries: Entries | None = None) -> bool:
         return False
     for agent_dir in [run_dir, *(run_dir / relative for kind, relative in entries if kind == "run")]:
         with contextlib.suppress(FileNotFoundError):
-            if (agent_dir / METRICS).read_text(errors="replace").strip():
-                return False
+            with (agent_dir / METRICS).open("rb") as metrics:
+                if any(piece.strip() for piece in iter(lambda: metrics.read(1 << 16), b"")):
+                    return False
     return True
 
 

@@ -5,9 +5,9 @@ flag the directory came from."""
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..config import PPOConfig
 from ..errors import RunDirError
@@ -131,17 +131,22 @@ def checked_metrics(path: Path, last_iteration: int) -> list[str]:
     rows: dict[int, dict[str, Any]] = {}
     lines: dict[int, str] = {}
     try:
-        text = path.read_text(errors="replace")
+        file = path.open("rb")
     except FileNotFoundError:
-        text = None
+        if last_iteration:
+            raise RunDirError(
+                f"{path} is missing; resuming would leave iterations 1 .. {last_iteration} without metrics: restore "
+                "it or --overwrite"
+            ) from None
+        return []
     except OSError as error:
         raise RunDirError(f"cannot read {path}: {error.strerror}") from None
-    if text is None and last_iteration:
-        raise RunDirError(
-            f"{path} is missing; resuming would leave iterations 1 .. {last_iteration} without metrics: restore it "
-            "or --overwrite"
-        )
-    for line in (text or "").splitlines():
+    with file:
+        try:
+            read = list(_bounded_lines(file))
+        except OSError as error:
+            raise RunDirError(f"cannot read {path}: {error.strerror}") from None
+    for line in read:
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
@@ -162,3 +167,19 @@ def checked_metrics(path: Path, last_iteration: int) -> list[str]:
             "restore it or --overwrite"
         )
     return [lines[i] + "\n" for i in range(1, last_iteration + 1)]
+
+
+MAX_ROW = 1 << 20
+"""Bytes of the longest line of ``metrics.jsonl`` read as a row: a row is well under a kilobyte; a longer line is
+damage, skipped as a line that is not JSON is."""
+
+
+def _bounded_lines(file: BinaryIO) -> Iterator[str]:
+    """The lines of ``file`` of at most ``MAX_ROW`` bytes, as text; a longer one is passed over in pieces, so that
+    reading costs ``MAX_ROW`` of memory whatever the file holds."""
+    while piece := file.readline(MAX_ROW + 1):
+        if len(piece) > MAX_ROW:  # too long for a row: pass over the rest of the line unread
+            while piece and not piece.endswith(b"\n"):
+                piece = file.readline(MAX_ROW)
+            continue
+        yield piece.decode(errors="replace").rstrip("\r\n")
