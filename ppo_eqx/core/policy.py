@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int, PRNGKeyArray, Shaped
 
-from .checks import check_actions
+from .checks import check_actions, typechecked
 
 LOG_2PI = math.log(2 * math.pi)
 
@@ -98,6 +98,7 @@ class CategoricalPolicy(Policy):
     def mode(self, outputs: Float[Array, "N A"]) -> Int[Array, " N"]:
         return jnp.argmax(outputs, axis=-1).astype(jnp.int32)
 
+    @typechecked
     def log_prob_entropy(
         self, outputs: Float[Array, "B A"], actions: Int[Array, " B"]
     ) -> tuple[Float[Array, " B"], Float[Array, " B"]]:
@@ -132,6 +133,7 @@ class GaussianPolicy(Policy):
     def mode(self, outputs: Float[Array, "N A"]) -> Float[Array, "N A"]:
         return outputs
 
+    @typechecked
     def log_prob_entropy(
         self, outputs: Float[Array, "B A"], actions: Float[Array, "B A"]
     ) -> tuple[Float[Array, " B"], Float[Array, " B"]]:
