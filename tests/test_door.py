@@ -27,6 +27,7 @@ CORRIDOR = ["--env-id", "tests.hostile:corridor", "--num-steps", "16", "--total-
         (["--loss", "tests.hostile:loss_string_metric"], "reports note as str; allowed: a number"),
         (["--loss", "tests.hostile:loss_builtin_name"], "reports 'sps'; allowed: names that are identifiers"),
         (["--loss", "tests.hostile:loss_exits"], "called sys.exit(0)"),
+        (["--loss", "tests.hostile:loss_not_differentiable"], "raised ValueError: Pure callbacks do not support JVP"),
         (["--env-id", "tests.hostile:env_exits"], "called sys.exit(3) when called"),
         (["--env-id", "tests.hostile:env_interrupts"], "raised KeyboardInterrupt when called"),
         (["--env-id", "tests.hostile:env_exits_when_stepped"], "step(key, state, action, params) called sys.exit(0)"),
@@ -81,4 +82,35 @@ def test_an_env_whose_host_callback_fails_mid_run_is_one_line_and_keeps_the_chec
     assert "again" not in line.split("intact")[-1].replace("meets this fault again", ""), line
     kept = list_checkpoints(run)
     last = int(kept[-1].stem.split("_")[-1])  # the last checkpoint is the one before the failing iteration
-    assert f"host callback of iteration {last + 1};" in line and f"{kept[-1]} is intact" in line, line
+    assert f"in a host callback during iteration {last + 1}" in line and f"{kept[-1]} is intact" in line, line
+
+
+def test_a_users_exception_is_one_short_line_whatever_its_message() -> None:
+    """An exception of the user's in one line: its message's first line, cut; its type alone where ``str`` of it
+    raises; a value whose ``repr`` raises shown by its type; a host callback's traceback read to its last line."""
+    from ppo_eqx.errors import MAX_MESSAGE, callback_fault, first_line, show_value
+
+    from .door_fuzz import Unprintable
+
+    assert first_line(Unprintable("x")) == "Unprintable"
+    assert first_line(ValueError("first\nsecond")) == "ValueError: first"
+    long = first_line(ValueError("m" * 5000))
+    assert long.startswith("ValueError: mmm") and long.endswith("...")
+    assert len(long) == len("ValueError: ") + MAX_MESSAGE
+
+    class NoRepr:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    assert show_value(NoRepr()) == "<NoRepr>"
+    text = (
+        "INTERNAL: CpuCallback error calling callback: Traceback (most recent call last):\n"
+        '  File "/site-packages/jax/_src/callback.py", line 93, in pure_callback_impl\n'
+        '  File "/home/user/my_env.py", line 12, in host\n'
+        "    raise KeyError(message)\n"
+        "    ^^^^^^^^^^^^^^^^^^^^^^^\n"
+        "KeyError: 'a\n"
+        "b'\n"
+    )
+    assert callback_fault(RuntimeError(text)) == "raised KeyError: 'a (/home/user/my_env.py:12)"
+    assert callback_fault(RuntimeError("a plain error")) is None

@@ -6,11 +6,13 @@ written before is intact), 130/143 stopped by SIGINT/SIGTERM after a checkpoint.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import errno
+import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -232,8 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         probe = XlaFlagsProbe()  # while the command imports jax
         import_jax()  # checks what jax reads at import; makes no backend yet
         STARTUP.lap("imports")
-        saved_flags = schedule_small_programs(args)  # after the probe: it adds a flag XLA is known to take
-        return _command(args, probe)
+        with _quiet_callback_log():
+            saved_flags = schedule_small_programs(args)  # after the probe: it adds a flag XLA is known to take
+            return _command(args, probe)
     except (UsageError, ConfigError, RunDirError) as error:
         _error(error)
         return 2
@@ -258,19 +261,36 @@ def _command(args: argparse.Namespace, probe: XlaFlagsProbe) -> int:
     ``KeyboardInterrupt`` (signals are recorded, never raised, until a run's second Ctrl-C, which the run handles):
     one that escapes was raised by code of the user's (a module, an env, a loss), and is a line, not its status."""
     try:
-        if args.command == "train":
-            from .train_command import train_command
-
-            return train_command(args, probe)
-        if args.command == "build-kernel":
-            return build_kernel_command()
-        from .eval_command import eval_command
-
-        return eval_command(args, probe)
+        return _run(args, probe)
     except (SystemExit, KeyboardInterrupt) as error:
         from ..host.named import user_error
 
         raise UsageError(str(user_error("code of yours", error))) from None
+
+
+def _run(args: argparse.Namespace, probe: XlaFlagsProbe) -> int:
+    if args.command == "train":
+        from .train_command import train_command
+
+        return train_command(args, probe)
+    if args.command == "build-kernel":
+        return build_kernel_command()
+    from .eval_command import eval_command
+
+    return eval_command(args, probe)
+
+
+@contextlib.contextmanager
+def _quiet_callback_log() -> Iterator[None]:
+    """jax logs a failing host callback's traceback as it happens (``jax._src.callback``); the run says it in one
+    line once the error reaches it (``callback_fault``)."""
+    logger = logging.getLogger("jax._src.callback")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def build_kernel_command() -> int:

@@ -4,7 +4,6 @@ Trainer, Ctrl-C and SIGTERM, checkpoints at segment boundaries, and how it ends.
 import argparse
 import contextlib
 import dataclasses
-import logging
 import math
 import signal
 import sys
@@ -22,7 +21,7 @@ from tqdm import tqdm
 from ..config import PPOConfig
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
-from ..errors import NonFiniteError, RunDirError, RunError, callback_fault
+from ..errors import ConfigError, NonFiniteError, RunDirError, RunError, UsageError, callback_fault, raised, user_frame
 from ..host.checkpoint import save_checkpoint
 from ..host.conv_route import auto_note
 from ..host.loop import run_agents
@@ -149,18 +148,20 @@ class Supervisor:
             print(f"ppo-eqx: stopped by {stopped} before training started; {self.plan.run_dir} holds no checkpoint "
                   "of this run", file=sys.stderr)  # fmt: skip
             return exit_status(getattr(signal, stopped))
-        with self._signals(), self._thread_errors(), _quiet_callback_log():
+        with self._signals(), self._thread_errors():
             try:
                 self._open()
                 self._loop()
                 return self._end()
-            except (jax.errors.JaxRuntimeError, ValueError) as error:  # XLA's own, many lines; a callback's fault
-                user = callback_fault(error)
-                if user is not None:  # the user's code (an env's host callback): it fails so again from there
-                    iteration = self.records[0]["iteration"] + 1 if self.records else self.plan.start_iteration + 1
-                    raise RunError(
-                        f"code of yours {user} in a host callback of iteration {iteration}; {self._kept(again=False)}"
-                    ) from None
+            except Exception as error:  # XLA's own (many lines), or the user's code (a host callback) failing
+                own = isinstance(error, OWN_ERRORS)
+                called_back = None if own else callback_fault(error)
+                xla = isinstance(error, jax.errors.JaxRuntimeError)  # XLA's own, or a callback's it carries
+                user = called_back or (raised(error) if not (own or xla) and user_frame(error) else None)
+                if user is not None:  # the user's code: it fails so again from there
+                    where = " in a host callback" if called_back else ""
+                    during = self._in_flight()
+                    raise RunError(f"code of yours {user}{where} during {during}; {self._kept(again=False)}") from None
                 if not isinstance(error, jax.errors.JaxRuntimeError):
                     raise
                 line = (str(error).splitlines() or [type(error).__name__])[0]
@@ -296,6 +297,13 @@ class Supervisor:
             reason = getattr(error, "strerror", None) or (str(error).splitlines() or [type(error).__name__])[0]
             raise RunError(f"a writer of {self.plan.run_dir} failed: {reason}; {self._kept()}")
 
+    def _in_flight(self) -> str:
+        """The iterations a fault met in a program may be of: after the last whose metrics were read, up to the last
+        dispatched (a program runs several)."""
+        first = int(self.records[0]["iteration"]) + 1 if self.records else self.plan.start_iteration + 1
+        last = max(first, self._trainer.iteration if self._trainer is not None else first)
+        return f"iteration {first}" if last == first else f"iterations {first} .. {last}"
+
     def _kept(self, again: bool = True) -> str:
         """What a fault leaves, and how to go on from it: ``--resume`` from the last checkpoint, or, where none was
         written, the same command again (nothing was trained; where ``again``: a fault that may not come back) or
@@ -421,17 +429,8 @@ class Supervisor:
                 agent.close()
 
 
-@contextlib.contextmanager
-def _quiet_callback_log() -> Iterator[None]:
-    """jax logs a failing host callback's traceback as it happens (``jax._src.callback``); the run says it in one
-    line once the error reaches it (``callback_fault``)."""
-    logger = logging.getLogger("jax._src.callback")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+OWN_ERRORS = (ConfigError, RunDirError, RunError, UsageError, NonFiniteError)
+"""ppo_eqx's own errors, each one line already: never the user's code's, wherever they pass."""
 
 
 def _route(hardware: dict[str, Any]) -> str:

@@ -345,6 +345,14 @@ def check_loss(loss: Loss, model: Policy, spec: EnvSpec, config: PPOConfig) -> N
         if not (number and reported_value.shape == ()) and not isinstance(reported_value, int | float):
             raise ConfigError(f"{said} reports {name} as {_shown(reported_value)}; allowed: a number (a scalar)")
 
+    def differentiated(model: Policy, batch: Any, hyperparameters: Any) -> Any:
+        return loss(model, batch, hyperparameters, prepared=True)[0]
+
+    call_user(
+        said, eqx.filter_eval_shape, eqx.filter_grad(differentiated), model, batch, hyperparameters,
+        doing="when differentiated with respect to the model", source=loss,
+    )  # fmt: skip
+
 
 def _shown(value: Any) -> str:
     """What a traced value is, in words: an array's dtype and shape, else its type."""
