@@ -12,7 +12,7 @@ tenth of each run: the cue task (``ppo_eqx_bench/memory_env.py``: a cue seen at 
 blanked with probability 0.5, gymnax-blines' preset), which a feedforward policy can only guess through::
 
     python bench/recurrent.py learn --task cue --steps 200000 --seeds 1 2 3 4 5 --json bench/results/recurrent_cue.json
-    python bench/recurrent.py learn --task flicker-breakout --steps 5000000 --seeds 1 \\
+    python bench/recurrent.py learn --task flicker-breakout --steps 3000000 --seeds 1 2 \\
         --json bench/results/recurrent_flicker_breakout.json
 """
 
