@@ -297,7 +297,7 @@ def write_results(rows: list[dict[str, Any]], header: dict[str, Any], json_path:
 def environment(conv_impl: str | None) -> dict[str, Any]:
     """``hardware_info`` and jax's backend. ``conv_impl``: the route the bench's model computed its convolutions
     with (``model.conv_impl``, what "auto" resolved to); None where the rows differ and each row names its own."""
-    from ppo_eqx.host.hardware import hardware_info
+    from ppo_eqx.cli.hardware import hardware_info
 
     info = hardware_info(conv_impl)
     info["backend"] = jax.default_backend()

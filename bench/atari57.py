@@ -39,7 +39,7 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the
     sys.path.insert(0, str(REPO_ROOT))
 
 from ppo_eqx.config import FIELD_TYPES, flag  # noqa: E402
-from ppo_eqx.host.rundir import CHECKPOINT_DIR, SUMMARY  # noqa: E402
+from ppo_eqx.host.run_dir.names import CHECKPOINT_DIR, SUMMARY  # noqa: E402
 from ppo_eqx_bench.arguments import Parser, int_at_least  # noqa: E402
 from ppo_eqx_bench.atari_games import ATARI_57  # noqa: E402
 from ppo_eqx_bench.launch import StopRequest, child_env, train_command  # noqa: E402

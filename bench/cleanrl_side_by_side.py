@@ -284,7 +284,7 @@ def ppo_eqx_environment(python: str, env: dict[str, str], conv_impl: str) -> dic
     code = (
         "import json, jax\n"
         "from ppo_eqx import resolve_conv_impl\n"
-        "from ppo_eqx.host.hardware import hardware_info\n"
+        "from ppo_eqx.cli.hardware import hardware_info\n"
         f"info = hardware_info(resolve_conv_impl({conv_impl!r}, (4, 84, 84)))\n"
         "info['backend'] = jax.default_backend()\n"
         "print(json.dumps(info))"

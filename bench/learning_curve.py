@@ -40,8 +40,8 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without installing the
 
 from ppo_eqx.config import PPOConfig  # noqa: E402
 from ppo_eqx.errors import ConfigError, RunDirError  # noqa: E402
-from ppo_eqx.host import rundir  # noqa: E402
-from ppo_eqx.host.manifest import holds_run  # noqa: E402
+from ppo_eqx.host.run_dir import names as rundir  # noqa: E402
+from ppo_eqx.host.run_dir.manifest import holds_run  # noqa: E402
 from ppo_eqx_bench import launch  # noqa: E402
 from ppo_eqx_bench.anchors import ANCHORS_CSV, HUMAN_RANDOM_CSV, PUBLISHED_10M, AnchorError, load_anchors  # noqa: E402
 from ppo_eqx_bench.runs import Run, find_run_dirs, load_run  # noqa: E402

@@ -78,9 +78,9 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .host.checkpoint import load_checkpoint as load_checkpoint
     from .host.checkpoint import read_checkpoint as read_checkpoint
     from .host.checkpoint import save_checkpoint as save_checkpoint
-    from .host.conv_route import resolve_conv_impl as resolve_conv_impl
     from .host.evaluate import evaluate as evaluate
     from .host.evaluate import normalization_of as normalization_of
+    from .host.kernel_build import resolve_conv_impl as resolve_conv_impl
     from .host.loop import run as run
     from .host.loop import run_agents as run_agents
     from .host.loop import train as train

@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the array face imports jax: config.py stays jax-free for th
 
 ConvImpl = Literal["auto", "kernel", "matmul", "xla"]
 """How convolutions are computed: a route (``core.networks.ConvRoute``) or "auto", resolved at the edge
-(``host.conv_route.resolve_conv_impl``)."""
+(``host.kernel_build.resolve_conv_impl``)."""
 CONV_IMPLS: tuple[str, ...] = get_args(ConvImpl)
 ROLLOUT_PLACES = ("auto", "device", "host", "host-envs")
 """Where the rollout is compiled (``rollout_on``): resolved at the edge (``host.placement.rollout_place``)."""

@@ -1,7 +1,7 @@
 """Reading run directories for the report: each usable run, and each unusable one with its reason.
 
 A run directory holds ``config.json``, ``metrics.jsonl``, ``hardware.json`` and, once finished,
-``summary.json`` (the names are ``ppo_eqx.host.rundir``'s). Anything unusable is skipped with a reason, never
+``summary.json`` (the names are ``ppo_eqx.host.run_dir.names``'s). Anything unusable is skipped with a reason, never
 fatal. A ``--num-seeds`` run's own directory holds ``seeds.json`` and no run files: its ``seedK/``
 directories are the runs; under a ``--sweep`` they are ``SETTING/seedK/``, one folder per setting.
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from ppo_eqx.config import PPOConfig
 from ppo_eqx.errors import RunDirError
-from ppo_eqx.host import rundir
+from ppo_eqx.host.run_dir import names as rundir
 
 NAN = float("nan")
 READ_FILES = (rundir.CONFIG, rundir.METRICS, rundir.SUMMARY, rundir.HARDWARE)

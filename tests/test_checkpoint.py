@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import ppo_eqx.host.run_directory as run_directory
+import ppo_eqx.host.run_dir.directory as run_directory
 from ppo_eqx import ActorCritic, Checkpoint, CheckpointError, PPOConfig
 from ppo_eqx.core.envs import EnvSpec, env_spec, segment_env_seeds
 from ppo_eqx.core.state import init_agents
@@ -23,7 +23,7 @@ from ppo_eqx.host.checkpoint import (
     save_checkpoint,
 )
 from ppo_eqx.host.fresh import fresh_agents, init_checkpoint
-from ppo_eqx.host.run_directory import RunDirectory
+from ppo_eqx.host.run_dir.directory import RunDirectory
 
 from .comparisons import leaves_equal
 

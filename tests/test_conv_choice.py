@@ -7,7 +7,7 @@ import pytest
 from ppo_eqx import ActorCritic
 from ppo_eqx.errors import ConfigError
 from ppo_eqx.host import kernel_build
-from ppo_eqx.host.conv_route import resolve_conv_impl
+from ppo_eqx.host.kernel_build import resolve_conv_impl
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,7 @@ from ppo_eqx.core import cpu_kernel
 from ppo_eqx.core.networks import Conv
 from ppo_eqx.errors import ConfigError
 from ppo_eqx.host import kernel_build
-from ppo_eqx.host.conv_route import resolve_conv_impl
+from ppo_eqx.host.kernel_build import resolve_conv_impl
 
 from .conv_reference import ATARI_SHAPE, needs_compiler, needs_kernel, numpy_conv
 

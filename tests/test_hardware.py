@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ppo_eqx.host.hardware import X86_64_LEVELS, cpu_info, hardware_info, x86_64_level
+from ppo_eqx.cli.hardware import X86_64_LEVELS, cpu_info, hardware_info, x86_64_level
 
 pytestmark = pytest.mark.unit
 

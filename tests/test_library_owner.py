@@ -16,7 +16,7 @@ import ppo_eqx
 from ppo_eqx.cli import main
 from ppo_eqx.errors import RunDirError
 from ppo_eqx.host.checkpoint import list_checkpoints
-from ppo_eqx.host.rundir import LOCK
+from ppo_eqx.host.run_dir.names import LOCK
 
 from .run_files import tiny
 

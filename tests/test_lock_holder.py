@@ -1,4 +1,4 @@
-"""The holder that a refused process names (``host.ownership``): the process that holds the lock now, not the
+"""The holder that a refused process names (``host.run_dir.take``): the process that holds the lock now, not the
 earlier holder whose record is still in the lock file in the moment between the new holder's lock and its write.
 The lock is on the run directory itself; the lock file only names the holder."""
 
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from ppo_eqx.errors import RunDirError
-from ppo_eqx.host.lock import RunLock
-from ppo_eqx.host.rundir import LOCK
+from ppo_eqx.host.run_dir.lock import RunLock
+from ppo_eqx.host.run_dir.names import LOCK
 
 pytestmark = pytest.mark.unit
 

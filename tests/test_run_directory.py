@@ -1,4 +1,4 @@
-"""The run directory is one object that owns every write (``ppo_eqx.host.run_directory.RunDirectory``), pinned to the
+"""The run directory is one object that owns every write (``ppo_eqx.host.run_dir.RunDirectory``), pinned to the
 directory it was given, never through a link, deleting only what its manifest lists (issue 41): first the object
 itself, then real ``ppo-eqx`` processes as a careful user and an unlucky machine would start them."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ppo_eqx.errors import RunDirError
-from ppo_eqx.host.manifest import check_contents, refuse_strangers, strangers
-from ppo_eqx.host.run_directory import RunDirectory
+from ppo_eqx.host.run_dir.directory import RunDirectory
+from ppo_eqx.host.run_dir.manifest import check_contents, refuse_strangers, strangers
 
 from .processes import Child, ppo_eqx, run_child
 from .run_files import checkpoint_names, interrupted_copy, iterations, tiny

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-import ppo_eqx.host.run_directory as run_directory
+import ppo_eqx.host.run_dir.directory as run_directory
 from ppo_eqx import PPOConfig
 from ppo_eqx.cli import main
 from ppo_eqx.core.envs import env_spec

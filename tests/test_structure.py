@@ -77,3 +77,27 @@ def test_the_core_runs_no_process_loads_no_library_and_touches_no_file(path: Pat
         if isinstance(node, ast.Call)
     }
     assert not calls & FILE_CALLS, f"{path.relative_to(PACKAGE)} calls {sorted(calls & FILE_CALLS)}"
+
+
+RUN_DIR = ("names", "lock", "manifest", "directory", "take")
+"""``host/run_dir/``'s modules in their stack's order: each imports only those before it."""
+
+
+@pytest.mark.parametrize("position", range(len(RUN_DIR)), ids=lambda i: RUN_DIR[i])
+def test_the_run_directory_is_a_straight_stack(position: int) -> None:
+    name = RUN_DIR[position]
+    inside = {f"ppo_eqx.host.run_dir.{other}" for other in RUN_DIR[:position]}
+    ours = {stem for stem in imported(PACKAGE / "host" / "run_dir" / f"{name}.py") if stem.startswith("ppo_eqx.")}
+    beyond = {
+        stem for stem in ours
+        if not any(stem == allowed or stem.startswith(f"{allowed}.") for allowed in inside)
+        and stem.split(".")[1] not in ("errors", "config")
+    }  # fmt: skip
+    assert not beyond, f"run_dir/{name}.py imports {sorted(beyond)}; allowed: {sorted(inside)}, errors, config"
+    assert sorted(path.stem for path in (PACKAGE / "host" / "run_dir").glob("*.py")) == sorted([*RUN_DIR, "__init__"])
+
+
+def test_host_keeps_at_most_15_modules_beside_the_run_directory() -> None:
+    """host/ is what runs the core on a machine; the run directory is one room of it (issue 54)."""
+    beside = sorted(path.stem for path in (PACKAGE / "host").glob("*.py") if path.stem != "__init__")
+    assert len(beside) <= 15, beside

@@ -18,10 +18,7 @@ from typing import Any, NoReturn
 
 from ..config import FIELD_CHOICES, INT32_MAX, PPOConfig, flag
 from ..errors import ConfigError, RunDirError, RunError, UsageError
-from ..host.lock import refuse_if_held
-from ..host.manifest import read_manifest, refuse_strangers
-from ..host.ownership import check_output, path_problem
-from ..host.rundir import CHECKPOINT_DIR
+from ..host.run_dir import CHECKPOINT_DIR, check_output, path_problem, read_manifest, refuse_if_held, refuse_strangers
 from ..sweeps import SWEEPABLE
 from ..sweeps import sweep_item as parse_sweep
 from ..validation import IMPORTABLE

@@ -17,11 +17,11 @@ from ..core.envs import EnvSpec
 from ..core.networks import GRID_HIDDEN, ConvRoute
 from ..core.sharded import make_mesh
 from ..errors import RunError, UsageError
-from ..host.conv_route import kernel_refusal, kernel_unavailable_reason, resolve_conv_impl_for
-from ..host.hardware import hardware_info
+from ..host.kernel_build import kernel_refusal, kernel_unavailable_reason, resolve_conv_impl_for
 from ..host.mesh import MeshPlacement
 from ..host.placement import placement_for
 from .environment import XlaFlagsProbe, check_backend
+from .hardware import hardware_info
 from .plan import Plan
 
 

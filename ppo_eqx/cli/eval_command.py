@@ -19,12 +19,10 @@ from ..core.networks import ConvRoute
 from ..core.policy import Policy
 from ..errors import RunError, UsageError
 from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint
-from ..host.conv_route import kernel_unavailable_reason, resolve_conv_impl_for
 from ..host.evaluate import VIDEO_FORMATS, Evaluation, VideoWriter, eval_key, evaluate, normalization_of, summarise
+from ..host.kernel_build import kernel_unavailable_reason, resolve_conv_impl_for
 from ..host.named import backend_named
-from ..host.ownership import check_output, is_eval_result
-from ..host.run_directory import write_json
-from ..host.rundir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG
+from ..host.run_dir import CHECKPOINT_DIR, EVAL, SEEDS_CONFIG, check_output, is_eval_result, write_json
 from .checks import require
 from .environment import XlaFlagsProbe, check_backend, check_jax_settings
 from .interrupts import EARLY

@@ -126,7 +126,7 @@ def kernel_isa(conv_impl: str | None) -> str | None:
     "kernel"; None on any other route."""
     if conv_impl != "kernel":
         return None
-    from . import kernel_build  # lazily (it imports jax); where the route is "kernel" it is loaded
+    from ..host import kernel_build  # lazily (it imports jax); where the route is "kernel" it is loaded
 
     return kernel_build.isa()
 

@@ -18,7 +18,7 @@ from ..host.checkpoint import CheckpointFile
 from ..host.named import backend_named, check_backend, check_user_code, loss_named, network_named, optimizer_named
 from ..host.placement import Placement, check_rollout_place
 from ..host.resume import read_run
-from ..host.rundir import CONFIG, agent_dirs
+from ..host.run_dir import CONFIG, agent_dirs
 
 
 class Plan(NamedTuple):
@@ -88,7 +88,7 @@ _TASK_FIELDS = _CONFIG_FIELDS - {"env_id", "env_backend"}
 
 def plan_new(args: argparse.Namespace, environment: dict[str, str | None]) -> Plan:
     """The checked plan of a new run: its config and env (nothing is written; the run directory is checked by
-    the process that writes it, ``host.ownership.check_run_dirs``)."""
+    the process that writes it, ``host.run_dir.take.check_run_dirs``)."""
     config, chosen, spec = config_from_args(args)
     if args.track and config.num_agents > 1:
         raise UsageError(f"--track logs one run; drop it or --num-seeds {config.num_seeds} and --sweep")

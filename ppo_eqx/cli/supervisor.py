@@ -23,14 +23,12 @@ from ..core.networks import ConvRoute
 from ..core.state import Checkpoint
 from ..errors import ConfigError, NonFiniteError, RunDirError, RunError, UsageError, callback_fault, raised, user_frame
 from ..host.checkpoint import save_checkpoint
-from ..host.conv_route import auto_note
+from ..host.kernel_build import auto_note
 from ..host.loop import run_agents
-from ..host.manifest import never_trained
 from ..host.mesh import any_process
 from ..host.placement import Placement
 from ..host.resume import checked_metrics
-from ..host.run_directory import RunDirectory
-from ..host.rundir import METRICS, SUMMARY
+from ..host.run_dir import METRICS, SUMMARY, RunDirectory, never_trained
 from ..host.trainer import Trainer
 from .interrupts import EARLY, SIGNALS, exit_status, say
 from .plan import Plan

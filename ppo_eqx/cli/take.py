@@ -1,17 +1,22 @@
 """How ``ppo-eqx train`` takes its run directory once its devices are joined (``take_run_dir``): process 0 makes,
-locks, checks again under the lock and clears a new run's (``host.ownership.take_new_run``), or locks, reads again
+locks, checks again under the lock and clears a new run's (``host.run_dir.take.take_new_run``), or locks, reads again
 and checks a resumed one's, and every process learns whether it was refused."""
 
 import argparse
 from pathlib import Path
 
 from ..errors import RunDirError, RunError
-from ..host.lock import RunLock, refuse_if_held
-from ..host.manifest import check_resumed_dirs
 from ..host.mesh import any_process
-from ..host.ownership import check_run_dirs, free_name, take_new_run
 from ..host.resume import read_run_again
-from ..host.run_directory import RunDirectory
+from ..host.run_dir import (
+    RunDirectory,
+    RunLock,
+    check_resumed_dirs,
+    check_run_dirs,
+    free_name,
+    refuse_if_held,
+    take_new_run,
+)
 from .interrupts import EARLY, say
 from .plan import Plan
 

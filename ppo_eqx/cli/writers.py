@@ -1,6 +1,7 @@
 """What a run writes as it goes: config.json, hardware.json, metrics.jsonl, TensorBoard events, summary.json,
-and an optional Weights & Biases run (file names and layout: ``rundir``), each through the run directory's one
-owner (``host.run_directory.RunDirectory``: listed in the manifest before it is made, written where the lock holds)."""
+and an optional Weights & Biases run (file names and layout: ``host.run_dir.names``), each through the run
+directory's one owner (``host.run_dir.RunDirectory``: listed in the manifest before it is made, written where the
+lock holds)."""
 
 import contextlib
 import dataclasses
@@ -16,8 +17,7 @@ from typing import Any
 
 from ..config import PPOConfig
 from ..errors import RunError
-from ..host.run_directory import RunDirectory
-from ..host.rundir import CONFIG, EVAL, HARDWARE, METRICS, SUMMARY, WANDB
+from ..host.run_dir import CONFIG, EVAL, HARDWARE, METRICS, SUMMARY, WANDB, RunDirectory
 
 # CleanRL's TensorBoard tags for the metrics it logs.
 TENSORBOARD_TAGS = {

@@ -10,7 +10,7 @@ numbers within float32 rounding:
   from their input (``conv``), so they compute exactly the layers' products, where the matmul route computes
   23-29% more and relayouts around each product. Layers the kernels do not take fall back to "matmul".
 A model is built with its route and never chooses one itself: ``PPOConfig.conv_impl``'s "auto" is resolved once,
-at the edge (``ppo_eqx.host.conv_route.resolve_conv_impl``: "xla" off the CPU backend; on it "kernel" where the
+at the edge (``ppo_eqx.host.kernel_build.resolve_conv_impl``: "xla" off the CPU backend; on it "kernel" where the
 kernel builds, else "matmul"), because finding out may compile the kernel. The matmul route was designed around
 XLA:CPU's slow convolution gradients and has not been measured on an accelerator (``bench/device_check.py``
 measures both there).

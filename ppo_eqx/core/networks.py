@@ -5,7 +5,7 @@ actions.
 Every layer takes a whole batch (leading axis ``B``); nothing here is vmapped. The convolutions are computed by a
 route (``ConvRoute``: XLA's, matrix products, or ppo_eqx's CPU kernel), all giving the same numbers within float32
 rounding: ``core.convolutions``. A model is built with its route and never chooses one itself: ``PPOConfig.conv_impl``'s
-"auto" is resolved once, at the edge (``ppo_eqx.host.conv_route.resolve_conv_impl``).
+"auto" is resolved once, at the edge (``ppo_eqx.host.kernel_build.resolve_conv_impl``).
 """
 
 import copy
@@ -174,7 +174,7 @@ class ActorCritic(CategoricalPolicy):
         if conv_impl not in CONV_ROUTES:
             raise ValueError(
                 f'conv_impl={conv_impl!r} is not a route; allowed: {", ".join(map(repr, CONV_ROUTES))} ("auto" is '
-                "resolved before a model is built: ppo_eqx.host.conv_route.resolve_conv_impl)"
+                "resolved before a model is built: ppo_eqx.host.kernel_build.resolve_conv_impl)"
             )
         torso_key, actor_key, critic_key = jax.random.split(key, 3)
         self.obs_shape, self.conv_impl = tuple(obs_shape), conv_impl

@@ -6,7 +6,7 @@ SHA-256 of the ``.eqx`` file. Each is written to a temporary file, fsynced and r
 first: a checkpoint exists once its ``.json`` does, and a kill at any moment leaves the previous ones whole.
 Reading (``read_checkpoint``) reads both files once and checks the size and hash before an array is used;
 loading (``load_checkpoint``) checks the shapes and dtypes against a "like" tree built from the config, with
-the convolutions' route given (loading never chooses one: ``host.conv_route``).
+the convolutions' route given (loading never chooses one: ``host.kernel_build.resolve_conv_impl``).
 """
 
 import hashlib
@@ -33,10 +33,8 @@ from ..core.state import Checkpoint, ModelFactory
 from ..core.update import OptimizerFactory
 from ..errors import CheckpointError, ConfigError, RunDirError, show_value
 from .fresh import init_checkpoint
-from .lock import RunLock
 from .named import network_named, optimizer_named
-from .run_directory import RunDirectory, json_bytes
-from .rundir import CHECKPOINT_DIR, CONFIG
+from .run_dir import CHECKPOINT_DIR, CONFIG, RunDirectory, RunLock, json_bytes
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"iter_(\d{6,})\.json")
@@ -117,19 +115,31 @@ def save_checkpoint(
     _check_fits(checkpoint, config, spec)
     if not bool(all_finite((checkpoint.model, checkpoint.opt_state))):
         raise FloatingPointError(f"refusing to checkpoint non-finite parameters at iteration {checkpoint.iteration}")
-    if not isinstance(run_dir, RunDirectory):
-        path = Path(run_dir)
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise RunDirError(f"{path} is not a directory ppo-eqx can write: {error.strerror}") from None
-        lock = RunLock.take(path, "ppo_eqx.save_checkpoint")
-        try:
-            with RunDirectory(path, lock.directory_fd()) as directory:
-                return save_checkpoint(directory, checkpoint, config, spec, keep=keep, extra=extra)
-        finally:
-            lock.release()
-    directory = run_dir
+    if isinstance(run_dir, RunDirectory):
+        return _save_into(run_dir, checkpoint, config, spec, keep=keep, extra=extra)
+    path = Path(run_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RunDirError(f"{path} is not a directory ppo-eqx can write: {error.strerror}") from None
+    lock = RunLock.take(path, "ppo_eqx.save_checkpoint")
+    try:
+        with RunDirectory(path, lock.directory_fd()) as directory:
+            return _save_into(directory, checkpoint, config, spec, keep=keep, extra=extra)
+    finally:
+        lock.release()
+
+
+def _save_into(
+    directory: RunDirectory,
+    checkpoint: Checkpoint,
+    config: PPOConfig,
+    spec: EnvSpec,
+    *,
+    keep: int,
+    extra: dict[str, Any] | None,
+) -> Path:
+    """``save_checkpoint`` through ``directory``, whose owner holds its lock."""
     iteration = int(checkpoint.iteration)
     data = _serialise(checkpoint)
     name = checkpoint_name(iteration)

@@ -20,7 +20,7 @@ from ..core.policy import Policy
 from ..core.recurrent import RecurrentPolicy
 from ..core.rollout import RolloutCarry, init_episode_stats, update_episode_stats
 from .compiled import own_jit
-from .conv_route import ready
+from .kernel_build import ready
 from .named import backend_named
 
 EVAL_STREAM = 2**32 - 1

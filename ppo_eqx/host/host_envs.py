@@ -34,8 +34,8 @@ from ..core.state import Checkpoint, TrainState
 from ..core.update import OptimizerFactory, make_optimizer
 from ..errors import ConfigError
 from .compiled import own_jit
+from .fresh import EnvShare, env_threads
 from .host_loop import ActPrograms, HostLoop
-from .pools import EnvShare, env_threads
 
 
 def check_host_envs(config: PPOConfig, env_backend: EnvBackend, spec: EnvSpec | None = None) -> None:

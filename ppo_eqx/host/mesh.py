@@ -27,7 +27,7 @@ from ..core.state import Checkpoint, TrainState
 from ..core.update import OptimizerFactory, make_optimizer
 from ..errors import ConfigError
 from .compiled import own_jit
-from .pools import EnvShare
+from .fresh import EnvShare
 
 
 def local(tree: PyTree) -> PyTree:

@@ -20,8 +20,7 @@ from ..core.state import Checkpoint, TrainState
 from ..core.update import OptimizerFactory, make_optimizer
 from ..errors import ConfigError
 from .compiled import own_jit
-from .fresh import fresh_agents
-from .pools import EnvShare
+from .fresh import EnvShare, fresh_agents
 
 
 @runtime_checkable
@@ -232,7 +231,7 @@ def placement_for(config: PPOConfig, spec: EnvSpec, env_backend: EnvBackend) -> 
         from .host_envs import HostEnvsPlacement
 
         return HostEnvsPlacement(default_actor_threads(config, device))
-    from .conv_route import resolve_conv_impl_for
+    from .kernel_build import resolve_conv_impl_for
     from .split import SplitPlacement
 
     rollout_conv = resolve_conv_impl_for(config.conv_impl, spec, platform="cpu")  # type: ignore[arg-type]

@@ -12,8 +12,7 @@ from typing import Any, BinaryIO
 from ..config import PPOConfig
 from ..errors import RunDirError
 from .checkpoint import CheckpointFile, check_same_run, read_bounded, read_checkpoint
-from .manifest import read_manifest
-from .rundir import CONFIG, HARDWARE, MANIFEST, METRICS, SEEDS_CONFIG, agent_dirs
+from .run_dir import CONFIG, HARDWARE, MANIFEST, METRICS, SEEDS_CONFIG, agent_dirs, read_manifest
 
 MAX_CONFIG_BYTES = 16 * 2**20
 """A ``config.json`` larger than this is not one ppo-eqx wrote."""

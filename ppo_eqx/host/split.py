@@ -23,8 +23,8 @@ from ..core.networks import ActorCritic, ConvRoute
 from ..core.state import Checkpoint, TrainState
 from ..core.update import OptimizerFactory, make_optimizer
 from .compiled import own_jit
-from .conv_route import ready
-from .pools import EnvShare
+from .fresh import EnvShare
+from .kernel_build import ready
 
 
 class SplitPlacement:

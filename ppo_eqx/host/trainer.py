@@ -32,11 +32,10 @@ from ..core.networks import ConvRoute, NetworkInit, conv_route_of
 from ..core.state import Checkpoint, ModelFactory
 from ..core.update import OptimizerFactory
 from ..errors import ConfigError
-from .conv_route import ready, resolve_conv_impl_for
-from .fresh import init_checkpoint, memory_of
+from .fresh import init_checkpoint, make_collector, memory_of, pool_env_seeds
+from .kernel_build import ready, resolve_conv_impl_for
 from .named import backend_named, check_backend, check_user_code, loss_named, network_named, optimizer_named
 from .placement import Placement, Program, placement_for
-from .pools import make_collector, pool_env_seeds
 
 if TYPE_CHECKING:
     from .host_loop import HostLoop

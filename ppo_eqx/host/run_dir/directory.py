@@ -19,10 +19,10 @@ import stat
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..errors import RunDirError
+from ...errors import RunDirError
 from .lock import kind_of
 from .manifest import Kind, read_manifest, written_entry
-from .rundir import BOOKKEEPING, MANIFEST
+from .names import BOOKKEEPING, MANIFEST
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
@@ -240,7 +240,7 @@ class RunDirectory:
         self._listed.clear()
 
     def forget_all(self) -> None:
-        """An empty manifest, written whole: what it listed is gone (``ownership.clear_run``)."""
+        """An empty manifest, written whole: what it listed is gone (``take.clear_run``)."""
         write_whole(self._fd, MANIFEST, b"")
         self._listed.clear()
         self._manifest_own = True

@@ -7,7 +7,7 @@ replacing ``.ppo-eqx.lock`` (which only names the holder: its pid, host and comm
 changes nothing. Where a file system cannot lock a directory (NFS emulates ``flock`` with byte-range locks, which
 need a file open for writing), the lock falls back to the lock file, checked after locking to be the file its path
 still names (a file replaced between the open and the lock is not locked). The locked directory's descriptor is what
-the run writes through (``run_directory.RunDirectory``): a path that is moved or repointed afterwards leads
+the run writes through (``directory.RunDirectory``): a path that is moved or repointed afterwards leads
 nowhere the run writes.
 """
 
@@ -21,8 +21,8 @@ import stat
 import time
 from pathlib import Path
 
-from ..errors import RunDirError
-from .rundir import LOCK
+from ...errors import RunDirError
+from .names import LOCK
 
 HOLDER_WAIT_S = 2.0
 """How long a refused process waits for the holder to write who it is (it locks first, then writes)."""

@@ -1,5 +1,5 @@
 """What a run wrote in its directory: the names a run writes (``written_name``), and the manifest, one JSON line
-``[kind, relative path]`` appended before each thing is made (``run_directory.RunDirectory.list_entry``), so that
+``[kind, relative path]`` appended before each thing is made (``directory.RunDirectory.list_entry``), so that
 ``--overwrite`` and pruning delete exactly that and nothing a user put beside it; and what a directory holds beside
 what its run wrote (``check_contents``, ``refuse_strangers``). No jax here: files only.
 
@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import Literal, NamedTuple
 
-from ..config import AGENT_PREFIX
-from ..errors import RunDirError
+from ...config import AGENT_PREFIX
+from ...errors import RunDirError
 from .lock import kind_of
-from .rundir import (
+from .names import (
     BOOKKEEPING,
     CHECKPOINT_DIR,
     CHECKPOINT_FILE,
@@ -176,7 +176,7 @@ def _owned_agents(run_dir: Path) -> list[Path]:
 
 
 def holds_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds (part of) a run, or looks as if it did: any of ``rundir.MARKERS``, listed in a
+    """Whether ``run_dir`` holds (part of) a run, or looks as if it did: any of ``names.MARKERS``, listed in a
     manifest or not."""
     return run_dir.is_dir() and any((run_dir / name).exists() for name in MARKERS)
 

@@ -1,5 +1,5 @@
-"""The run directory's file names and layout (every write of a run goes through ``run_directory.RunDirectory``;
-which names are a run's, ``manifest.written_name``; which paths a command may write, ``ownership``). No jax here:
+"""The run directory's file names and layout (every write of a run goes through ``directory.RunDirectory``;
+which names are a run's, ``manifest.written_name``; which paths a command may write, ``take``). No jax here:
 names and paths only.
 
 Layout of ``RUN_DIR`` (one agent)::

@@ -6,7 +6,7 @@ files only (refused with ``errors.RunDirError``).
 
 The lock is ``lock.py``'s; the manifest, and what a directory holds beside what its run wrote
 (``check_contents``), ``manifest.py``'s; every write and delete goes through the directory's one owner,
-``run_directory.RunDirectory``.
+``directory.RunDirectory``.
 """
 
 import contextlib
@@ -19,12 +19,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from ..errors import RunDirError
+from ...errors import RunDirError
+from .directory import RunDirectory
 from .lock import RunLock
 from .manifest import check_contents, holds_run, never_trained, written_name
-from .run_directory import RunDirectory
-from .rundir import BOOKKEEPING, EVAL, MANIFEST, SEEDS_CONFIG
-from .rundir import agent_dirs as agent_dirs_of
+from .names import BOOKKEEPING, EVAL, MANIFEST, SEEDS_CONFIG
+from .names import agent_dirs as agent_dirs_of
 
 
 def is_eval_result(path: Path) -> bool:
