@@ -114,3 +114,34 @@ def test_a_users_exception_is_one_short_line_whatever_its_message() -> None:
     )
     assert callback_fault(RuntimeError(text)) == "raised KeyError: 'a (/home/user/my_env.py:12)"
     assert callback_fault(RuntimeError("a plain error")) is None
+
+
+STARTS_NO_BACKEND = """
+import jax._src.xla_bridge as xla_bridge
+import numpy as np
+from ppo_eqx.config import PPOConfig
+from ppo_eqx.core.envs import EnvSpec
+from ppo_eqx.host.named import check_user_code, loss_named, optimizer_named
+from tests.user_model import make_tiny, sgd
+spec = EnvSpec("Corridor", (4,), np.dtype(np.float32), 3, "vector")
+config = PPOConfig(env_id="Corridor", num_envs=4, num_steps=16, total_timesteps=256)
+loss = loss_named(config.loss)
+check_user_code(config, spec, model=None, optimizer=optimizer_named(config.optimizer), loss=loss)
+check_user_code(config, spec, model=make_tiny, optimizer=sgd, loss=loss)
+print("backends made:", len(xla_bridge._backends))
+"""
+
+
+def test_the_checks_at_the_door_start_no_backend() -> None:
+    # A distributed run checks the user's code before it joins its peers, and jax joins only before its backend
+    # starts: the checks trace shapes and compute nothing (CI's failure of 2026-12-07: a PRNG key made eagerly).
+    import subprocess
+    import sys
+
+    from .processes import ROOT, worker_env
+
+    done = subprocess.run(
+        [sys.executable, "-c", STARTS_NO_BACKEND], env=worker_env(), cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "backends made: 0" in done.stdout, done.stdout

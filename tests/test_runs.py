@@ -277,10 +277,10 @@ def test_sigint_checkpoints_and_says_how_to_resume(finished_run, tmp_path, capsy
     request.addfinalizer(lambda: signal.signal(signal.SIGINT, started_with))
     real_dispatch = train_module.Trainer.dispatch
 
-    def interrupted_during_iteration_3(self, until=None):
+    def interrupted_during_iteration_3(self, until=None, most=None):
         if int(self.state.iteration) == 2:
             os.kill(os.getpid(), signal.SIGINT)
-        return real_dispatch(self, until)
+        return real_dispatch(self, until, most=most)
 
     monkeypatch.setattr(train_module.Trainer, "dispatch", interrupted_during_iteration_3)
     run_dir = tmp_path / "run"

@@ -278,9 +278,7 @@ def check_model(factory: ModelFactory, spec: EnvSpec) -> Policy:
     """The shape of the model ``factory`` makes for ``spec`` (traced once, nothing computed): a ``Policy`` that
     takes ``spec``'s observations and gives its actions; ConfigError naming the factory and what it broke."""
     said = _named(factory, "network")
-    shaped = call_user(
-        said, eqx.filter_eval_shape, factory, spec, jax.random.key(0), doing="when called with (spec, key)"
-    )
+    shaped = call_user(said, eqx.filter_eval_shape, factory, spec, _key_like(), doing="when called with (spec, key)")
     if not isinstance(shaped, Policy):
         raise ConfigError(
             f"{said} returned a {type(shaped).__name__}; allowed: a ppo_eqx.Policy (CategoricalPolicy, GaussianPolicy "
@@ -301,14 +299,15 @@ def check_optimizer(factory: OptimizerFactory, config: PPOConfig, model: Policy)
     """ConfigError naming ``factory`` unless it makes, from ``config``'s first agent's hyperparameters and sizes, an
     ``optax.GradientTransformation`` whose state starts from ``model``'s arrays (traced once, nothing computed)."""
     said = _named(factory, "optimizer")
-    from ..core.hyperparameters import AgentHyperparameters
 
-    hyperparameters = AgentHyperparameters.of(config.agent_configs()[:1])
-    doing = "when called with (hyperparameters, sizes)"
-    made = call_user(said, factory, hyperparameters, config.sizes, doing=doing, source=factory)
-    if not isinstance(made, optax.GradientTransformation):
-        raise ConfigError(f"{said} returned a {type(made).__name__}; allowed: an optax.GradientTransformation")
-    call_user(said, eqx.filter_eval_shape, made.init, eqx.filter(model, eqx.is_array), doing="in its init(params)")
+    def made_and_started(hyperparameters: Any, params: Any) -> Any:
+        doing = "when called with (hyperparameters, sizes)"
+        made = call_user(said, factory, hyperparameters, config.sizes, doing=doing, source=factory)
+        if not isinstance(made, optax.GradientTransformation):
+            raise ConfigError(f"{said} returned a {type(made).__name__}; allowed: an optax.GradientTransformation")
+        return call_user(said, made.init, params, doing="in its init(params)")
+
+    eqx.filter_eval_shape(made_and_started, _hyperparameters_like(config), eqx.filter(model, eqx.is_array))
 
 
 def check_loss(loss: Loss, model: Policy, spec: EnvSpec, config: PPOConfig) -> None:
@@ -318,9 +317,7 @@ def check_loss(loss: Loss, model: Policy, spec: EnvSpec, config: PPOConfig) -> N
     if loss in (model_loss, torch_model_loss):
         return
     said = _named(loss, "loss")
-    from ..core.hyperparameters import AgentHyperparameters
-
-    hyperparameters = AgentHyperparameters.of(config.agent_configs()[:1])
+    hyperparameters = _hyperparameters_like(config)
     batch = _minibatch_like(model, spec)
     result = call_user(
         said, eqx.filter_eval_shape, functools.partial(loss, prepared=True), model, batch, hyperparameters,
@@ -379,10 +376,24 @@ def check_user_code(
             shaped = check_model(model, spec)
         else:
             init = cast(NetworkInit, config.network_init)
-            shaped = eqx.filter_eval_shape(default_model, spec, jax.random.key(0), conv_impl="xla", init=init)
+            shaped = eqx.filter_eval_shape(default_model, spec, _key_like(), conv_impl="xla", init=init)
     if optimizer is not make_optimizer:
         check_optimizer(optimizer, config, shaped)
     check_loss(loss, shaped, spec, config)
+
+
+def _key_like() -> jax.ShapeDtypeStruct:
+    """A PRNG key's shape, made without a backend: a distributed run joins its peers after these checks, and jax
+    can join only before its backend starts."""
+    return jax.eval_shape(lambda: jax.random.key(0))
+
+
+def _hyperparameters_like(config: PPOConfig) -> Any:
+    """The shapes of ``config``'s first agent's hyperparameters (an ``AgentHyperparameters`` of
+    ``jax.ShapeDtypeStruct``), made without a backend (``_key_like``)."""
+    from ..core.hyperparameters import AgentHyperparameters
+
+    return jax.eval_shape(lambda: AgentHyperparameters.of(config.agent_configs()[:1]))
 
 
 def _obs_like(spec: EnvSpec, rows: int) -> jax.ShapeDtypeStruct:
