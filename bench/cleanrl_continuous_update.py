@@ -27,8 +27,7 @@ import numpy as np
 
 from ppo_eqx import AgentHyperparameters, Batch, Hyperparameters, Sizes
 from ppo_eqx.core.gaussian import GaussianActorCritic
-from ppo_eqx.core.loss import torch_model_loss
-from ppo_eqx.core.update import make_optimizer, minibatch_indices, update
+from ppo_eqx.core.update import make_optimizer, minibatch_indices, torch_model_loss, update
 from ppo_eqx.presets import CONTINUOUS_PRESET
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -45,22 +45,19 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .core.envs import make_pool as make_pool
     from .core.envs.jax_env import JaxEnv as JaxEnv
     from .core.envs.normalize import normalize_pool as normalize_pool
-    from .core.gae import compute_gae as compute_gae
     from .core.gaussian import GaussianActorCritic as GaussianActorCritic
     from .core.hyperparameters import AgentHyperparameters as AgentHyperparameters
     from .core.iteration import make_iteration as make_iteration
     from .core.iteration import make_prime as make_prime
     from .core.iteration import over_iterations as over_iterations
-    from .core.loss import Loss as Loss
-    from .core.loss import model_loss as model_loss
-    from .core.loss import ppo_loss as ppo_loss
     from .core.networks import ActorCritic as ActorCritic
-    from .core.policy import CategoricalPolicy as CategoricalPolicy
-    from .core.policy import GaussianPolicy as GaussianPolicy
-    from .core.policy import Policy as Policy
+    from .core.networks import CategoricalPolicy as CategoricalPolicy
+    from .core.networks import GaussianPolicy as GaussianPolicy
+    from .core.networks import Policy as Policy
     from .core.recurrent import LSTMActorCritic as LSTMActorCritic
     from .core.recurrent import RecurrentPolicy as RecurrentPolicy
     from .core.rollout import RolloutCarry as RolloutCarry
+    from .core.rollout import compute_gae as compute_gae
     from .core.rollout import init_episode_stats as init_episode_stats
     from .core.rollout import rollout as rollout
     from .core.state import Checkpoint as Checkpoint
@@ -69,8 +66,11 @@ if TYPE_CHECKING:  # the public names; ``_lazy`` reads this block and imports ea
     from .core.state import default_model as default_model
     from .core.state import init_agents as init_agents
     from .core.state import init_train_state as init_train_state
+    from .core.update import Loss as Loss
     from .core.update import OptimizerFactory as OptimizerFactory
     from .core.update import make_optimizer as make_optimizer
+    from .core.update import model_loss as model_loss
+    from .core.update import ppo_loss as ppo_loss
     from .core.update import update as update
     from .errors import CheckpointError as CheckpointError
     from .errors import ConfigError as ConfigError

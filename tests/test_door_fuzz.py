@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ppo_eqx.core.loss import RESERVED
+from ppo_eqx.core.update import RESERVED
 from ppo_eqx.host.checkpoint import list_checkpoints
 
 from .door_fuzz import EXCEPTIONS

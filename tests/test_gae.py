@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ppo_eqx import compute_gae
-from ppo_eqx.core.gae import compute_gae_by_env, truncation_bootstrap
+from ppo_eqx.core.rollout import compute_gae_by_env, truncation_bootstrap
 
 from .strategies import TIME_ENV_SHAPES, bool_arrays, float_arrays, unit_interval
 

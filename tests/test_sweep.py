@@ -17,8 +17,7 @@ from ppo_eqx import AgentHyperparameters, ConfigError, PPOConfig
 from ppo_eqx.cli import main
 from ppo_eqx.config import FIELD_TYPES
 from ppo_eqx.core.envs import env_spec
-from ppo_eqx.core.loss import ppo_loss
-from ppo_eqx.core.update import learning_rate_schedule
+from ppo_eqx.core.update import learning_rate_schedule, ppo_loss
 from ppo_eqx.host.checkpoint import list_checkpoints, load_checkpoint, read_checkpoint
 from ppo_eqx.host.evaluate import EVAL_STREAM, evaluate
 from ppo_eqx.host.loop import run, run_agents

@@ -15,8 +15,7 @@ import jax
 from ..config import PPOConfig
 from ..core.envs import EnvSpec
 from ..core.envs.normalize import NormalizedHandle
-from ..core.networks import ConvRoute
-from ..core.policy import Policy
+from ..core.networks import ConvRoute, Policy
 from ..errors import RunError, UsageError
 from ..host.checkpoint import CheckpointFile, config_of, load_checkpoint, read_checkpoint
 from ..host.evaluate import VIDEO_FORMATS, Evaluation, VideoWriter, eval_key, evaluate, normalization_of, summarise

@@ -9,10 +9,9 @@ from typing import Any, NamedTuple, cast
 from ..config import NETWORKS, PPOConfig, flag
 from ..core.envs import EnvBackend, EnvSpec
 from ..core.envs.normalize import check_normalizable
-from ..core.loss import Loss, model_loss
 from ..core.networks import ConvRoute, NetworkInit
 from ..core.state import ModelFactory
-from ..core.update import OptimizerFactory, make_optimizer
+from ..core.update import Loss, OptimizerFactory, make_optimizer, model_loss
 from ..errors import ConfigError, UsageError
 from ..host.checkpoint import CheckpointFile
 from ..host.named import backend_named, check_backend, check_user_code, loss_named, network_named, optimizer_named

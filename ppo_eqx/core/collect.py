@@ -21,18 +21,20 @@ from jaxtyping import Array, Float, Int, PRNGKeyArray, PyTree
 from ._types import Batch, EnvOutput, EpisodeStats, SequenceBatch
 from .envs import AsyncPool, EnvStep, Pool, agents_env_step
 from .envs.normalize import NormalizedHandle, kept
-from .gae import compute_gae, compute_gae_by_env, truncation_bootstrap
-from .policy import Policy
+from .networks import Policy
 from .recurrent import RecurrentPolicy
 from .rollout import (
     AsyncRolloutCarry,
     RolloutCarry,
     async_rollout,
+    compute_gae,
+    compute_gae_by_env,
     fresh_episodes,
     init_async_carry,
     prime_async,
     recurrent_rollout,
     rollout,
+    truncation_bootstrap,
 )
 
 Carry = RolloutCarry | AsyncRolloutCarry

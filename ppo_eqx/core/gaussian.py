@@ -1,7 +1,7 @@
 """The policy of continuous actions, as CleanRL's ``ppo_continuous_action.py`` computes it: a diagonal Gaussian
 whose mean is a 64-64 tanh MLP of the observation (its last layer started at gain 0.01), whose log standard
 deviation is one learned vector started at 0 (state-independent), beside a 64-64 tanh critic (gain 1).
-Log-probabilities and entropies are summed over the action's dimensions (``core.policy.GaussianPolicy``).
+Log-probabilities and entropies are summed over the action's dimensions (``core.networks.GaussianPolicy``).
 
 ``GaussianActorCritic``'s call gives the mean ``[B, A]`` where the discrete model gives logits, and
 ``evaluate_actions`` takes float actions ``[B, A]``. The sampled action is what the loss sees; the env backend clips
@@ -13,8 +13,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PRNGKeyArray, Shaped
 
 from .checks import typechecked
-from .networks import MLP, NetworkInit
-from .policy import GaussianPolicy, gaussian_logprob_entropy
+from .networks import MLP, GaussianPolicy, NetworkInit, gaussian_logprob_entropy
 
 __all__ = ["GaussianActorCritic", "gaussian_logprob_entropy"]
 

@@ -17,11 +17,19 @@ from ._types import Batch, EpisodeStats, SequenceBatch
 from .checks import typechecked
 from .collect import Carry, Collector
 from .hyperparameters import AgentHyperparameters, Sizes
-from .loss import Loss, model_loss, reported
-from .policy import Policy
+from .networks import Policy
 from .recurrent import RecurrentPolicy
 from .state import AgentKeys, TrainState
-from .update import OptimizerFactory, current_learning_rate, make_optimizer, sequence_update, update
+from .update import (
+    Loss,
+    OptimizerFactory,
+    current_learning_rate,
+    make_optimizer,
+    model_loss,
+    reported,
+    sequence_update,
+    update,
+)
 
 Metrics = dict[str, Float[Array, "*S"]]
 """Scalars of one iteration; with ``num_agents`` S > 1, one per agent."""
@@ -103,7 +111,7 @@ def learn(
 
 
 def loss_metrics(infos: Any) -> Metrics:
-    """What a loss reported at every minibatch step (``core.loss.reported`` of each value ``[E*M]``), as CleanRL
+    """What a loss reported at every minibatch step (``core.update.reported`` of each value ``[E*M]``), as CleanRL
     reports its losses: the last step's value, and the mean over the steps of ``clip_fraction``."""
     stacked = infos._asdict() if hasattr(infos, "_asdict") else dict(infos)
     reported(jax.tree.map(lambda x: x[-1], stacked))  # names and shapes checked, as one step's

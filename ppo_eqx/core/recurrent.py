@@ -26,8 +26,7 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray, PyTree, Shaped
 from .convolutions import CONV_ROUTES, ConvRoute
 from .envs import EnvSpec
 from .layers import Dense, NetworkInit
-from .networks import MLP, NatureCNN
-from .policy import CategoricalPolicy, Policy
+from .networks import MLP, CategoricalPolicy, NatureCNN, Policy
 
 LSTM_SIZE = 128
 """The LSTM's hidden units (CleanRL's ``ppo_atari_lstm.py``; PureJaxRL's GRU has as many)."""

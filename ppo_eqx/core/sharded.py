@@ -20,9 +20,17 @@ from jaxtyping import Array, Int, PRNGKeyArray, PyTree
 
 from ._types import Batch, LossInfo
 from .hyperparameters import AgentHyperparameters, Sizes
-from .loss import Loss, model_loss, normalize_advantages
-from .policy import Policy
-from .update import OptimizerFactory, make_optimizer, minibatch_indices, minibatch_steps, params_loss
+from .networks import Policy
+from .update import (
+    Loss,
+    OptimizerFactory,
+    make_optimizer,
+    minibatch_indices,
+    minibatch_steps,
+    model_loss,
+    normalize_advantages,
+    params_loss,
+)
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None, *, axis_name: str = "data") -> Mesh:
@@ -171,7 +179,7 @@ def _gather_whole(shard: Batch, model: Policy, axis: str) -> Batch:
 def _whole_minibatch_update(
     static: PyTree, sizes: Sizes, loss: Loss, optimizer: OptimizerFactory, *, axis: str
 ) -> Callable[..., Any]:
-    """What each device runs under ``shard_map`` for a loss of the user's (``core.loss.Loss``), which may use the
+    """What each device runs under ``shard_map`` for a loss of the user's (``core.update.Loss``), which may use the
     minibatch's own statistics (a shard's would differ): every device gathers the whole batch and takes each
     minibatch step on the whole minibatch, in the one-device update's row order, so that it computes what one
     device computes (and the same on every device: no collective after the gather). The update's arithmetic is

@@ -14,8 +14,7 @@ from .collect import Carry, Collector
 from .envs import EnvSpec
 from .gaussian import GaussianActorCritic
 from .hyperparameters import AgentHyperparameters, Hyperparameters, Sizes
-from .networks import ActorCritic, ConvRoute, NetworkInit
-from .policy import Policy
+from .networks import ActorCritic, ConvRoute, NetworkInit, Policy
 from .rollout import init_episode_stats
 from .update import OptimizerFactory, make_optimizer
 

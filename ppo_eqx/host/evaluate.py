@@ -15,8 +15,7 @@ from ..core._types import EpisodeStats
 from ..core.envs import EnvBackend, EnvSpec, Pool, derived_seeds
 from ..core.envs.jax_env import env_backend_of
 from ..core.envs.normalize import NormalizedHandle, normalize_pool
-from ..core.networks import conv_route_of
-from ..core.policy import Policy
+from ..core.networks import Policy, conv_route_of
 from ..core.recurrent import RecurrentPolicy
 from ..core.rollout import RolloutCarry, init_episode_stats, update_episode_stats
 from .compiled import own_jit

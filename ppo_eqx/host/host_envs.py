@@ -27,11 +27,10 @@ from ..core.envs import EnvBackend, EnvSpec, HostBackend
 from ..core.envs.normalize import NormalizedHandle, kept, start_statistics
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Metrics, collect, episode_metrics, make_stages
-from ..core.loss import Loss, model_loss
-from ..core.policy import Policy
+from ..core.networks import Policy
 from ..core.rollout import RolloutCarry, fresh_episodes
 from ..core.state import Checkpoint, TrainState
-from ..core.update import OptimizerFactory, make_optimizer
+from ..core.update import Loss, OptimizerFactory, make_optimizer, model_loss
 from ..errors import ConfigError
 from .compiled import own_jit
 from .fresh import EnvShare, env_threads

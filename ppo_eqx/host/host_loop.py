@@ -31,9 +31,8 @@ from jaxtyping import Array, Bool, Float, PRNGKeyArray
 from ..core._types import Batch, EnvOutput, EpisodeStats
 from ..core.envs import HostPool
 from ..core.envs.normalize import Moments, NormalizedHandle, observed, scaled_rewards
-from ..core.gae import compute_gae
-from ..core.policy import Policy
-from ..core.rollout import RolloutCarry, act, count_step
+from ..core.networks import Policy
+from ..core.rollout import RolloutCarry, act, compute_gae, count_step
 from .compiled import own_jit, same_static
 
 HOST_ROWS = {

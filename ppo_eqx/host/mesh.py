@@ -19,12 +19,11 @@ from ..core.collect import Collector
 from ..core.envs import EnvBackend
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Collected, Metrics, collect, compose, learn
-from ..core.loss import Loss, model_loss
-from ..core.policy import Policy
+from ..core.networks import Policy
 from ..core.rollout import fresh_episodes
 from ..core.sharded import replicate, shard_batch, sharded_update
 from ..core.state import Checkpoint, TrainState
-from ..core.update import OptimizerFactory, make_optimizer
+from ..core.update import Loss, OptimizerFactory, make_optimizer, model_loss
 from ..errors import ConfigError
 from .compiled import own_jit
 from .fresh import EnvShare

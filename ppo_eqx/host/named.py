@@ -26,12 +26,10 @@ from ..config import PPOConfig
 from ..core._types import Batch, SequenceBatch
 from ..core.envs import BACKEND_THREADS, AsyncPool, EnvBackend, EnvSpec, EnvThreads, Pool, backend
 from ..core.envs.jax_env import JaxEnv
-from ..core.loss import RESERVED, Loss, model_loss, torch_model_loss
-from ..core.networks import ConvRoute, NetworkInit
-from ..core.policy import Policy
+from ..core.networks import ConvRoute, NetworkInit, Policy
 from ..core.recurrent import RecurrentPolicy, lstm_model
 from ..core.state import ModelFactory, default_model
-from ..core.update import OptimizerFactory, make_optimizer
+from ..core.update import RESERVED, Loss, OptimizerFactory, make_optimizer, model_loss, torch_model_loss
 from ..errors import ConfigError, first_line, user_frame
 from ..settings import is_import_path
 
@@ -313,7 +311,7 @@ def check_optimizer(factory: OptimizerFactory, config: PPOConfig, model: Policy)
 def check_loss(loss: Loss, model: Policy, spec: EnvSpec, config: PPOConfig) -> None:
     """ConfigError naming ``loss`` unless, traced once on a minibatch like the update's (a few rows of ``spec``'s
     task, ``model``'s shapes), it returns ``(scalar, reported)``: a float scalar, and scalars by names that are no
-    other metric's (``core.loss.reported``)."""
+    other metric's (``core.update.reported``)."""
     if loss in (model_loss, torch_model_loss):
         return
     said = _named(loss, "loss")

@@ -14,10 +14,9 @@ from ..core.collect import Collector
 from ..core.envs import EnvBackend, EnvSpec
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Metrics, make_iteration, make_prime, over_iterations
-from ..core.loss import Loss, model_loss
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, TrainState
-from ..core.update import OptimizerFactory, make_optimizer
+from ..core.update import Loss, OptimizerFactory, make_optimizer, model_loss
 from ..errors import ConfigError
 from .compiled import own_jit
 from .fresh import EnvShare, fresh_agents

@@ -18,10 +18,9 @@ from jax import Device
 from ..core.collect import Collector
 from ..core.hyperparameters import AgentHyperparameters, Sizes
 from ..core.iteration import Metrics, make_stages
-from ..core.loss import Loss, model_loss
 from ..core.networks import ActorCritic, ConvRoute
 from ..core.state import Checkpoint, TrainState
-from ..core.update import OptimizerFactory, make_optimizer
+from ..core.update import Loss, OptimizerFactory, make_optimizer, model_loss
 from .compiled import own_jit
 from .fresh import EnvShare
 from .kernel_build import ready

@@ -27,10 +27,9 @@ from ..core.collect import Collector
 from ..core.envs import AsyncPool, EnvBackend, EnvSpec, Pool
 from ..core.envs.jax_env import env_backend_of
 from ..core.iteration import Metrics
-from ..core.loss import Loss, check_loss
 from ..core.networks import ConvRoute, NetworkInit, conv_route_of
 from ..core.state import Checkpoint, ModelFactory
-from ..core.update import OptimizerFactory
+from ..core.update import Loss, OptimizerFactory, check_loss
 from ..errors import ConfigError
 from .fresh import init_checkpoint, make_collector, memory_of, pool_env_seeds
 from .kernel_build import ready, resolve_conv_impl_for
@@ -93,7 +92,7 @@ class Trainer:
     ``env`` is an env object of the user's with gymnax's interface (or gymnax's ``(env, params)``, or a ``JaxEnv``:
     ``core.envs.jax_env``), for a config of ``PPOConfig.for_task(env)``; else ``env_backend`` makes the envs (default:
     ``config.env_backend``'s). ``spec`` is theirs (default: the backend's spec of ``config.env_id``: a caller that
-    resolved both once passes them in). ``loss`` is the loss each minibatch step descends (``core.loss.Loss``;
+    resolved both once passes them in). ``loss`` is the loss each minibatch step descends (``core.update.Loss``;
     default: the one ``config.loss`` names, CleanRL's ``model_loss`` unless it names one of the user's): the values
     it reports are metrics. ``model`` makes a fresh agent's model (``core.state.ModelFactory``: ``(spec, key) ->
     Policy``; default: the one ``config.network`` names, ppo_eqx's own unless it names one of the user's) and
