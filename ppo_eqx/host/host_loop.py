@@ -1,16 +1,17 @@
 """The host loop of ``--rollout-on host-envs``: EnvPool's envs stepped through its host API by actor threads, each
 with its own pools, acting on the default device (the accelerator) in batches; the rollout's steps gathered on the
-device where the policy acted, then handed to the learner whole.
+host, then moved to the learner whole.
 
 Each actor thread steps its envs in (at most) two pools, halves, so that one half steps while the policy acts for
 the other; with several actors (``actor_threads``, the Sebulba manner of DeepMind's Podracer and of Cleanba), one
 actor's policy call is on the device while the others' envs step, and the host's cores stay busy. Each step, for
 each half of an actor in turn: receive its envs' step, act on their observations on the device, send the actions
-(``send`` returns at once). What the policy saw and did (observations, actions, log-probabilities, values) is
-written by the act program itself into buffers ``[T, n, ...]`` on the device, in place (donated), so the
-observations cross to the device once; the env's rewards and dones go into host buffers ``[T, N]``. After
-``num_steps`` steps one program takes both, counts the episodes, normalises the rewards (CleanRL's
-``NormalizeReward``) and computes GAE.
+(``send`` returns at once). The act program returns the actions, log-probabilities and values in one array (one
+transfer back a step), and the host writes them, with the observations the policy saw and the env's rewards and
+dones, into buffers ``[T, N, ...]`` of its own; after ``num_steps`` steps one program takes them all (one transfer
+to the device a rollout), counts the episodes, normalises the rewards (CleanRL's ``NormalizeReward``) and computes
+GAE. (Buffers on the device written in place by the act program cost more on a TPU v5e than the policy itself:
+docs/performance.md, "One TPU v5e".)
 
 It computes what the one-program iteration computes (the same keys split in the same order, the same seeds, each
 half's actions those of its rows of the whole batch: ``rollout``'s ``total_envs``), to float32 rounding: the policy
@@ -42,17 +43,18 @@ HOST_ROWS = {
     "game_over": np.bool_,
     "truncated": np.bool_,
 }
-"""What the host keeps of each env step: rows ``[T, N]``; the rest of a step is on the device."""
-Steps = dict[str, Array]
-"""One pool's device buffers of a rollout: ``obs`` ``[T, n, ...]`` (as the policy saw them), ``actions``,
-``logprob_value`` ``[T, n, 2]``."""
+"""What the host keeps of each env step from the env: rows ``[T, N]``."""
+Rows = dict[str, np.ndarray]
+"""A rollout's host buffers: ``HOST_ROWS``' ``[T, N]``, and from the policy ``obs`` ``[T, N, ...]`` (as the policy
+saw them), ``actions`` and ``logprob_value`` ``[T, N, 2]``."""
 
 
 class ActPrograms:
     """The programs a host loop runs, shared by every segment of a run (they hold no envs): ``keys`` (a rollout's
-    step keys, once), ``act`` (one half's step on the device, written into its buffers), ``observe`` (a rollout's
-    last observations counted and scaled, where they are normalised) and ``stack`` (the rollout's steps stacked,
-    GAE). ``normalize``: ``host_envs.Normalizing`` or None."""
+    step keys, once), ``act`` (one half's step on the device: its actions, log-probabilities and values in one
+    array, one transfer back), ``observe`` (a rollout's last observations counted and scaled, where they are
+    normalised) and ``stack`` (the rollout's rows moved to the device at once, its episodes counted, its rewards
+    normalised, GAE). ``normalize``: ``host_envs.Normalizing`` or None."""
 
     def __init__(self, pool_sizes: list[int], *, num_steps: int, device: Any, normalize: Any):
         self.device, self.normalize, self.num_steps = device, normalize, num_steps
@@ -78,24 +80,29 @@ class ActPrograms:
             return moments, obs, action, jnp.stack([logprob, value], axis=-1)
 
         def act_on(
-            leaves: list[Array], moments: Moments | None, obs: Any, key_data: Any, first: Any, steps: Steps, t: Any
-        ) -> tuple[Moments | None, Steps, Array]:
+            leaves: list[Array], moments: Moments | None, obs: Any, key_data: Any, first: Any
+        ) -> tuple[Moments | None, Float[Array, "n K"]]:
+            """The step's actions, log-probabilities and values (and where observations are normalised, the scaled
+            observations), packed in one float32 array ``[n, K]``: one transfer back to the host a step. Writing
+            them into buffers on the device costs more there than the whole policy (a TPU v5e: an uint8 frame buffer
+            updated in place 4.7 ms a call against 1.1 ms without it)."""
             traces[0] += 1
             if traces[0] > most:
                 raise RuntimeError(f"the host loop's act program was traced {traces[0]} times, at most {most}")
             moments, seen, action, logprob_value = policy(leaves, moments, obs, key_data, first)
-            written = {"obs": seen, "actions": action, "logprob_value": logprob_value}
-            steps = {name: steps[name].at[t].set(x.astype(steps[name].dtype)) for name, x in written.items()}
-            return moments, steps, action
+            rows = [action.reshape(action.shape[0], -1).astype(jnp.float32), logprob_value]  # int32 < 2**24: exact
+            if moments is not None:
+                rows.append(seen.reshape(seen.shape[0], -1))
+            return moments, jnp.concatenate(rows, axis=-1)
 
         def step_keys(key: PRNGKeyArray) -> Array:
             return jax.random.key_data(jax.random.split(key, num_steps))
 
         self._policy = policy
-        self.act = jax.jit(act_on, donate_argnums=(5,))
+        self.act = jax.jit(act_on)
         self._keys = jax.jit(step_keys)
         self.observe = jax.jit(observed)
-        self.stack = own_jit(functools.partial(_stacked, normalize=normalize), donate=(1,))
+        self.stack = own_jit(functools.partial(_stacked, normalize=normalize))
 
     def keys(self, key: PRNGKeyArray) -> np.ndarray:
         """The data of ``rollout``'s step keys for ``key``, on the host: row t is step t's."""
@@ -112,17 +119,13 @@ class ActPrograms:
             raise RuntimeError("the host loop's act program was called with another model's structure")
         return leaves
 
-    def device_steps(self, leaves: list[Array], key_data: np.ndarray, first_obs: np.ndarray) -> Steps:
-        """Zeroed device buffers of one pool's rollout, shaped by the policy's outputs on ``first_obs``."""
-        moments = None
-        _, seen, action, logprob_value = jax.eval_shape(self._policy, leaves, moments, first_obs, key_data[0], 0)
+    def policy_rows(self, leaves: list[Array], key_data: np.ndarray, first_obs: np.ndarray) -> dict[str, Any]:
+        """The shapes of what the policy gives for ``first_obs`` (one pool's): the observations it saw, its actions
+        and ``logprob_value``, each a ``jax.ShapeDtypeStruct`` of one step's rows."""
+        _, seen, action, logprob_value = jax.eval_shape(self._policy, leaves, None, first_obs, key_data[0], 0)
         if self.normalize is not None and self.normalize.obs:
             seen = jax.ShapeDtypeStruct(seen.shape, jnp.float32)
-        shapes = {"obs": seen, "actions": action, "logprob_value": logprob_value}
-        return {
-            name: jax.device_put(np.zeros((self.num_steps, *x.shape), x.dtype), self.device)
-            for name, x in shapes.items()
-        }
+        return {"obs": seen, "actions": action, "logprob_value": logprob_value}
 
 
 class HostLoop:
@@ -139,8 +142,8 @@ class HostLoop:
         self.actors = [list(range(int(a), int(b))) for a, b in zip(firsts[:-1], firsts[1:], strict=True)]
         self.total = sum(sizes)
         self.obs = [pool.first_obs for pool in self.pools]
-        self.host: dict[str, np.ndarray] | None = None
-        self.steps: list[Steps] | None = None
+        self.host: Rows | None = None
+        self.kinds: dict[str, Any] = {}  # the policy's rows: name -> (shape of one env's, dtype)
         self._threads = (
             concurrent.futures.ThreadPoolExecutor(len(actors), thread_name_prefix="ppo-eqx-actor")
             if len(actors) > 1
@@ -154,14 +157,21 @@ class HostLoop:
     def _act_and_send(
         self, p: int, t: int, leaves: list[Array], moments: Moments | None, obs: Any, key_data: np.ndarray
     ) -> Moments | None:
-        """Pool ``p``'s step ``t``: act on ``obs`` (raw, counted and scaled first where ``moments`` are given) and
-        write the step into its buffers on the device, then send the actions."""
-        assert self.steps is not None
-        first = np.int32(self.rows[p].start)
-        moments, self.steps[p], actions = self.programs.act(
-            leaves, moments, obs, key_data, first, self.steps[p], np.int32(t)
-        )
-        self.pools[p].send(np.asarray(actions))
+        """Pool ``p``'s step ``t``: act on ``obs`` (raw, counted and scaled first where ``moments`` are given), send
+        the actions, and write the step's rows into the host's buffers (after ``act`` has returned: the program
+        that read the last rollout's buffers is done by then, since ``act`` waited for the update after it)."""
+        host = self.host
+        assert host is not None
+        moments, packed = self.programs.act(leaves, moments, obs, key_data, np.int32(self.rows[p].start))
+        packed = np.asarray(packed)
+        (action_shape, action_dtype), rows = self.kinds["actions"], self.rows[p]
+        width = int(np.prod(action_shape, dtype=np.int64))
+        actions = packed[:, :width].astype(action_dtype).reshape(-1, *action_shape)
+        self.pools[p].send(actions)
+        host["actions"][t, rows] = actions
+        host["logprob_value"][t, rows] = packed[:, width : width + 2]
+        seen = obs if moments is None else packed[:, width + 2 :].reshape(-1, *self.kinds["obs"][0])
+        host["obs"][t, rows] = seen
         return moments
 
     def _actor(
@@ -209,14 +219,16 @@ class HostLoop:
             last_obs, handle = jax.device_put(np.concatenate(self.obs), programs.device), carry.handle
         # jax may read the host's NumPy buffers in place: they are written again only after the next rollout's first
         # ``act`` has returned, and it waits for the update that waits for this program.
-        return programs.stack(model, carry.stats, handle, self.host, self.steps, last_obs, gamma, gae_lambda)
+        return programs.stack(model, carry.stats, handle, self.host, last_obs, gamma, gae_lambda)
 
     def _ready(self, leaves: list[Array], key_data: np.ndarray) -> None:
-        """The host buffers of a rollout's env steps and each pool's device buffers, made once."""
+        """The host buffers of a rollout's steps, made once: the env's rows and the policy's."""
         if self.host is None:
+            shapes = self.programs.policy_rows(leaves, key_data, self.obs[0])
+            self.kinds = {name: (x.shape[1:], np.dtype(x.dtype)) for name, x in shapes.items()}
             self.host = {name: np.zeros((self.num_steps, self.total), dtype) for name, dtype in HOST_ROWS.items()}
-        if self.steps is None:
-            self.steps = [self.programs.device_steps(leaves, key_data, obs) for obs in self.obs]
+            for name, (shape, dtype) in self.kinds.items():
+                self.host[name] = np.zeros((self.num_steps, self.total, *shape), dtype)
 
     def compile(self, model: Policy, carry: RolloutCarry, key: PRNGKeyArray, hyperparameters: Any) -> Any:
         """Compile ``act`` (for each size of pool), ``observe`` and ``stack`` for states like these; returns the
@@ -224,22 +236,17 @@ class HostLoop:
         programs = self.programs
         leaves, key_data = programs.leaves(model), programs.keys(key)
         self._ready(leaves, key_data)
-        assert self.steps is not None
         # A call of ``act`` on zeros for each pool, as the loop calls it (``lower`` with shapes alone would compile
-        # another entry of jax's caches than the call finds); what it writes is overwritten by the first rollout.
+        # another entry of jax's caches than the call finds).
         for p, obs in enumerate(self.obs):
-            _, self.steps[p], _ = programs.act(
-                leaves, None, np.zeros_like(obs), key_data[0], np.int32(0), self.steps[p], np.int32(0)
-            )
+            programs.act(leaves, None, np.zeros_like(obs), key_data[0], np.int32(self.rows[p].start))
         handle = carry.handle
         if isinstance(handle, NormalizedHandle) and programs.normalize and programs.normalize.obs:
             zeros = np.zeros_like(self.obs[0])
-            _, self.steps[0], _ = programs.act(
-                leaves, handle.obs, zeros, key_data[0], np.int32(0), self.steps[0], np.int32(0)
-            )
+            programs.act(leaves, handle.obs, zeros, key_data[0], np.int32(0))
             programs.observe(handle.obs, zeros)
         h = hyperparameters
-        args = (model, carry.stats, handle, self.host, self.steps, carry.obs, h.gamma, h.gae_lambda)
+        args = (model, carry.stats, handle, self.host, carry.obs, h.gamma, h.gae_lambda)
         programs.stack.compile(*args)
         on_device = jax.sharding.SingleDeviceSharding(programs.device)  # as the stacking program's outputs are
         shapes = jax.eval_shape(functools.partial(_stacked, normalize=programs.normalize), *args)
@@ -257,18 +264,16 @@ def _stacked(
     stats: EpisodeStats,
     handle: Any,
     host: dict[str, Array],
-    pools: list[Steps],
     last_obs: Array,
     gamma: Any,
     gae_lambda: Any,
     *,
     normalize: Any,
 ) -> tuple[RolloutCarry, Batch]:
-    """The rollout's steps (``HostLoop``'s host buffers ``[T, N]`` and each pool's device buffers ``[T, n, ...]``,
-    joined along the envs) as ``rollout`` returns them, its episodes counted, its rewards normalised (where
-    ``normalize.reward``, as ``normalize_pool`` does, step by step) and GAE computed (``collect``)."""
-    steps = {name: jnp.concatenate([pool[name] for pool in pools], axis=1) for name in pools[0]}
-    logprobs, values = steps["logprob_value"][..., 0], steps["logprob_value"][..., 1]
+    """The rollout's steps (``HostLoop``'s host buffers, ``Rows``, moved to the device in one call) as ``rollout``
+    returns them, its episodes counted, its rewards normalised (where ``normalize.reward``, as ``normalize_pool``
+    does, step by step) and GAE computed (``collect``)."""
+    logprobs, values = host["logprob_value"][..., 0], host["logprob_value"][..., 1]
 
     def count(stats: EpisodeStats, row: tuple[Float[Array, " N"], Bool[Array, " N"]]) -> tuple[EpisodeStats, None]:
         return count_step(stats, *row), None
@@ -288,5 +293,5 @@ def _stacked(
         handle = handle._replace(returns=return_moments, discounted=discounted)
     _, last_value = model(last_obs)
     advantages, returns = compute_gae(rewards, values, host["done"], last_value, gamma=gamma, gae_lambda=gae_lambda)
-    batch = Batch(steps["obs"], steps["actions"], logprobs, values, advantages, returns)
+    batch = Batch(host["obs"], host["actions"], logprobs, values, advantages, returns)
     return RolloutCarry(handle, last_obs, stats), batch
