@@ -27,6 +27,7 @@ class Device(NamedTuple):
 
 
 CPU, GPU, TPU = Device("cpu", "cpu"), Device("gpu", "NVIDIA H200"), Device("tpu", "TPU v5 lite")
+OTHER_TPU = Device("tpu", "TPU v4")  # a kind no measurement names
 
 
 class _Backend:
@@ -57,8 +58,9 @@ def test_the_backends_say_where_their_step_compiles() -> None:
 @pytest.mark.parametrize(
     ("backend", "spec", "device", "extra", "place"),
     [
-        (ENVPOOL, ATARI, TPU, {}, "host-envs"),  # EnvPool's XLA step cannot be in a TPU program
-        (ENVPOOL, ATARI, TPU, {"num_seeds": 2}, "host"),  # host-envs trains one agent: the rollout on the CPU
+        (ENVPOOL, ATARI, TPU, {}, "host"),  # EnvPool's XLA step cannot be in a TPU program; host measured fastest
+        (ENVPOOL, ATARI, OTHER_TPU, {}, "host-envs"),  # unmeasured: host-envs where it runs
+        (ENVPOOL, ATARI, OTHER_TPU, {"num_seeds": 2}, "host"),  # host-envs trains one agent: the rollout on the CPU
         (ALE, ATARI, TPU, {}, "host"),  # no host API: the rollout compiled for the host's CPU
         (GYMNAX, ATARI, TPU, {}, "device"),  # the envs are in the program
         (ENVPOOL, ATARI, GPU, {}, "device"),
@@ -78,7 +80,10 @@ def test_auto_reads_the_measured_route_of_a_device_kind(monkeypatch: pytest.Monk
     monkeypatch.setattr(placement, "MEASURED_ROLLOUT", {"NVIDIA H200": "host-envs", "TPU v5 lite": "device"})
     config = PPOConfig().validate()
     assert rollout_place(config, ENVPOOL, ATARI, device=GPU) == "host-envs"
-    # A measurement never makes a route the device cannot compile: EnvPool on the TPU stays on the host.
+    # A measurement never makes a route the device cannot compile: EnvPool on the TPU stays on the host, on the
+    # host route measured for the kind.
+    assert rollout_place(config, ENVPOOL, ATARI, device=TPU) == "host"
+    monkeypatch.setattr(placement, "MEASURED_HOST_ROUTE", {"TPU v5 lite": "host-envs"})
     assert rollout_place(config, ENVPOOL, ATARI, device=TPU) == "host-envs"
 
 

@@ -10,6 +10,7 @@ parameter the bound ``test_host_envs`` allows two routes on one CPU.
 """
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +23,7 @@ import ppo_eqx
 from ppo_eqx.cli import main
 from ppo_eqx.core.envs import backend
 from ppo_eqx.host.host_envs import HostEnvsPlacement
-from ppo_eqx.host.placement import OneDevice, placement_for, rollout_place
+from ppo_eqx.host.placement import MEASURED_HOST_ROUTE, OneDevice, placement_for, rollout_place
 
 pytestmark = [
     pytest.mark.tpu,
@@ -62,8 +63,10 @@ def test_auto_steps_envpool_from_the_host_on_a_tpu() -> None:
     config = ppo_eqx.PPOConfig(num_envs=64).validate()
     envpool = backend("envpool")
     spec = envpool.spec(config.env_id)
-    assert rollout_place(config, envpool, spec, device=jax.devices()[0]) == "host-envs"
-    chosen = placement_for(config, spec, envpool)
+    device = jax.devices()[0]
+    measured = MEASURED_HOST_ROUTE.get(device.device_kind, "host-envs")
+    assert rollout_place(config, envpool, spec, device=device) == measured
+    chosen = placement_for(dataclasses.replace(config, rollout_on="host-envs"), spec, envpool)
     assert isinstance(chosen, HostEnvsPlacement) and chosen.actor_threads > 1
     assert chosen.rollout_record()["policy_device"] == "tpu:0"
 

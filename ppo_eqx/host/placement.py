@@ -139,6 +139,14 @@ for a task whose step can run inside the device's programs. Empty until a machin
 bench/results/train_speed_placements.json)."""
 
 
+MEASURED_HOST_ROUTE: dict[str, str] = {"TPU v5 lite": "host"}
+"""Device kind -> the host route ("host" or "host-envs") that ``bench/device_check.py`` measured fastest on it at
+CleanRL's settings, for a task whose step cannot run inside the device's programs (EnvPool's on a TPU). A TPU v5e,
+Breakout-v5, 8 envs, 2026-12-07: host 1,988 env steps/s, host-envs 737 (bench/results/device_check_tpu_v5e.json;
+host-envs' act program then wrote each step into buffers on the chip, since taken out, and not measured there
+since). A kind not named takes host-envs where it can run the config."""
+
+
 def compiles_here(env_backend: EnvBackend, platform: str) -> bool:
     """Whether a program on ``platform`` (jax's backend name: "cpu", "gpu", "tpu") can step ``env_backend``'s envs:
     EnvPool's and ALE's XLA steps are calls registered for the CPU and CUDA alone (a TPU program that holds one
@@ -156,8 +164,9 @@ def rollout_place(
     (``host_envs.HostEnvsPlacement``). "auto" is "host-envs" for the continuous tasks of a backend with a host API
     (``spec``'s, where known) where host-envs can run the config: each step's call out of the program costs more
     than the step itself (bench/results/continuous_placements.json). On a device whose programs cannot step the
-    backend's envs (``compiles_here``: EnvPool's on a TPU) it is "host-envs" where that can run the config, else
-    "host". Otherwise what ``MEASURED_ROLLOUT`` says of the device, else "device"."""
+    backend's envs (``compiles_here``: EnvPool's on a TPU) it is the host route ``MEASURED_HOST_ROUTE`` names for
+    the device's kind (else "host-envs") where that can run the config, else "host". Otherwise what
+    ``MEASURED_ROLLOUT`` says of the device, else "device"."""
     if config.rollout_on != "auto":
         return config.rollout_on
     if config.network == "lstm":  # its memory per env travels in the one program's carry
@@ -165,7 +174,8 @@ def rollout_place(
     if env_backend is not None and spec is not None and spec.continuous and _host_envs_runs(config, env_backend, spec):
         return "host-envs"
     if device is not None and env_backend is not None and not compiles_here(env_backend, device.platform):
-        return "host-envs" if _host_envs_runs(config, env_backend, spec) else "host"
+        measured = MEASURED_HOST_ROUTE.get(device.device_kind, "host-envs")
+        return "host-envs" if measured == "host-envs" and _host_envs_runs(config, env_backend, spec) else "host"
     if device is None or not MEASURED_ROLLOUT:
         return "device"
     return MEASURED_ROLLOUT.get(device.device_kind, "device")
