@@ -39,6 +39,7 @@ NOT_SWEEPABLE: dict[str, str] = {
     "optimizer": "changes the program's update",
     "normalize_obs": "changes the program's rollout",
     "normalize_reward": "changes the program's rollout",
+    "preset": "sets the defaults of the fields it names, the envs' count and shape among them",
     "sweep": "is the sweep itself",
 }
 """Why each other field cannot be swept in one program: it is swept by separate runs instead."""

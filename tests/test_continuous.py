@@ -15,8 +15,7 @@ from ppo_eqx.core._types import EnvOutput
 from ppo_eqx.core.envs import EnvSpec, Pool
 from ppo_eqx.core.envs.normalize import normalize_pool
 from ppo_eqx.core.gaussian import GaussianActorCritic, gaussian_logprob_entropy
-from ppo_eqx.core.networks import ActorCritic
-from ppo_eqx.core.policy import GaussianPolicy
+from ppo_eqx.core.networks import ActorCritic, GaussianPolicy
 from ppo_eqx.errors import ConfigError
 
 from .user_env import Reach, Unbounded
@@ -166,6 +165,26 @@ def test_a_box_of_actions_gets_cleanrls_continuous_preset_and_is_clipped_on_its_
     _, far = env.step(pool.handle, jnp.asarray([[50.0], [-50.0]]))
     _, edge = env.step(pool.handle, jnp.asarray([[1.0], [-1.0]]))
     np.testing.assert_array_equal(far.obs, edge.obs)  # clipped to [-1, 1] before the env moves
+
+
+def test_the_fast_preset_changes_only_the_envs_and_steps_and_stays_off_other_tasks():
+    """``preset="fast"`` (``--preset fast``): CleanRL's continuous preset with more envs stepped at once and more
+    steps in all, chosen for wall time to CleanRL's return (docs/performance.md); CleanRL's stays the default. The
+    update (minibatch size aside), the loss and the normalisation are CleanRL's."""
+    from ppo_eqx.presets import CONTINUOUS_FAST_PRESET, CONTINUOUS_PRESET
+
+    cleanrl = ppo_eqx.PPOConfig.for_task(Reach())
+    fast = ppo_eqx.PPOConfig.for_task(Reach(), preset="fast")
+    assert (cleanrl.preset, fast.preset) == ("cleanrl", "fast")
+    changed = {name for name in CONTINUOUS_PRESET if getattr(cleanrl, name) != getattr(fast, name)}
+    assert changed == set(CONTINUOUS_FAST_PRESET) - set(
+        name for name, value in CONTINUOUS_FAST_PRESET.items() if CONTINUOUS_PRESET.get(name) == value
+    )
+    assert fast.num_envs > cleanrl.num_envs and fast.batch_size == cleanrl.batch_size
+    assert (fast.loss, fast.normalize_obs, fast.normalize_reward) == ("cleanrl-torch", True, True)
+    assert ppo_eqx.PPOConfig.for_task(Reach(), preset="fast", num_envs=8).num_envs == 8  # a flag still wins
+    with pytest.raises(ConfigError, match="preset='fast' is for tasks of continuous actions"):
+        ppo_eqx.PPOConfig.for_task("CartPole-v1", preset="fast")
 
 
 def test_an_action_box_without_bounds_is_one_line():
