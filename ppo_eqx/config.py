@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args, no_type_check
 
 from .errors import ConfigError, show_value
-from .presets import PRESETS, preset_for
+from .presets import PRESETS, auto_rollout_help, preset_for
 from .settings import ENV_BACKENDS, FieldRange, Hyperparameters, Sizes, config_field, is_import_path
 from .sweeps import normal_sweep, setting_label
 from .validation import check_field, check_sweep
@@ -137,8 +137,9 @@ class PPOConfig(Hyperparameters):
         "one program on the default device, as CleanRL), host (the rollout on the host's CPU, the update on the "
         "default device: the batch moves once an iteration, the parameters back once), host-envs (EnvPool's envs "
         "stepped through its host API by a loop on the host, in two halves, one stepping while the policy acts for "
-        "the other on the default device, as LeanRL and Sample Factory), or auto (device) "
-        "(ppo_eqx's own)",
+        "the other on the default device, as LeanRL and Sample Factory), or auto ("
+        + auto_rollout_help()
+        + ") (ppo_eqx's own)",
         choices=ROLLOUT_PLACES,
     )
     actor_threads: int = config_field(
@@ -196,13 +197,12 @@ class PPOConfig(Hyperparameters):
     normalize_obs: bool = config_field(
         False,
         "normalise observations by their running mean and variance, clipped to +-10, inside the program, as "
-        "CleanRL's continuous-control wrappers (on for continuous tasks; envs written in JAX) (ppo_eqx's own)",
+        "CleanRL's continuous-control wrappers (on by default for continuous tasks) (ppo_eqx's own)",
     )
     normalize_reward: bool = config_field(
         False,
         "divide rewards by the running standard deviation of the discounted return, clipped to +-10, as CleanRL's "
-        "continuous-control wrappers; episodic returns stay raw (on for continuous tasks; envs written in JAX) "
-        "(ppo_eqx's own)",
+        "continuous-control wrappers; episodic returns stay raw (on by default for continuous tasks) (ppo_eqx's own)",
     )
     sweep: tuple[tuple[str, tuple[Any, ...]], ...] | Mapping[str, Sequence[Any]] = config_field(
         (), "hyperparameters that take several values, one agent per setting (ppo_eqx's own)"

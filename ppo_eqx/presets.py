@@ -80,6 +80,21 @@ LSTM_FRAMES_PRESET: dict[str, Any] = {"clip_vloss": True, "loss": "cleanrl-torch
 JAX_ENV_DISPATCH: dict[str, int] = {"vector": 250, "grid": 10, "continuous": 10}
 
 
+AUTO_ROLLOUT: tuple[tuple[str, str], ...] = (
+    ("device", "for a recurrent policy"),
+    ("host-envs", "for EnvPool's continuous tasks"),
+    ("host", "on a device whose programs cannot hold the env step (EnvPool's on a TPU v5e: the host route measured "
+     "fastest for the device's kind; host-envs on a kind not measured)"),
+    ("device", "otherwise, unless a measurement of the device's kind names another"),
+)  # fmt: skip
+"""``rollout_on="auto"``'s rules, (the route, when), in the order ``host.placement.rollout_place`` applies them;
+``--rollout-on``'s help is made from them (``auto_rollout_help``)."""
+
+
+def auto_rollout_help() -> str:
+    return "; ".join(f"{route} {when}" for route, when in AUTO_ROLLOUT)
+
+
 def preset_for(
     kind: str,
     *,

@@ -84,3 +84,35 @@ def test_back_quoted_flags_are_ppo_eqx_or_bench_flags():
         if match and match.group(0) not in known and f'"{match.group(0)}"' not in bench:
             unknown.append((doc, span))
     assert not unknown, unknown
+
+
+DESIGN = ROOT / "docs" / "design.md"
+PACKAGES = ["core", "core/envs", "host", "host/run_dir", "cli"]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_the_design_names_every_module_of_the_package(package: str) -> None:
+    # "One iteration, file by file" and "The structure" list each folder's modules: one added or merged away is a
+    # sentence to write or to drop.
+    section = structure()
+    named = set(re.findall(r"`(?:[\w/]+/)?(\w+\.py)`", section))
+    modules = {path.name for path in (ROOT / "ppo_eqx" / package).glob("*.py") if path.name != "__init__.py"}
+    assert modules <= named, sorted(modules - named)
+
+
+def test_the_design_names_every_env_backend_and_no_other() -> None:
+    from ppo_eqx.settings import ENV_BACKENDS
+
+    # Each backend a config may name is in the module of its own that the design names (``jax``: an env object of
+    # the user's, through ``jax_env.py``), and the design names no backend module that is not one.
+    named = set(re.findall(r"`envs/(\w+)\.py`", structure()))
+    modules = {f"{name}_env" if name == "jax" else name for name in ENV_BACKENDS}
+    assert all((ROOT / "ppo_eqx" / "core" / "envs" / f"{module}.py").is_file() for module in modules)
+    assert modules <= named, sorted(modules - named)
+    assert named - modules <= {"spaces", "normalize"}, sorted(named - modules)
+
+
+def structure() -> str:
+    """docs/design.md from "One iteration, file by file" to the end of "The structure"."""
+    text = DESIGN.read_text()
+    return text[text.index("## One iteration, file by file") : text.index("## The pure functions")]

@@ -132,3 +132,18 @@ def test_the_actors_split_the_envs_in_row_order(envs, actors, halves, sizes) -> 
     parts = actor_parts(seeds, actors, halves=halves)
     assert [[len(pool) for pool in actor] for actor in parts] == sizes
     assert [seed for actor in parts for pool in actor for seed in pool] == seeds
+
+
+def test_autos_help_is_its_rules_and_each_rule_is_what_auto_takes() -> None:
+    from ppo_eqx.config import PPOConfig as Config
+    from ppo_eqx.presets import AUTO_ROLLOUT, auto_rollout_help
+
+    assert auto_rollout_help() in " ".join(Config.__dataclass_fields__["rollout_on"].metadata["help"].split())
+    cases = [  # one case of each rule, in AUTO_ROLLOUT's order
+        (PPOConfig(network="lstm").validate(), ENVPOOL, MUJOCO, CPU),
+        (PPOConfig().validate(), ENVPOOL, MUJOCO, CPU),
+        (PPOConfig().validate(), ENVPOOL, ATARI, TPU),
+        (PPOConfig().validate(), ENVPOOL, ATARI, CPU),
+    ]
+    taken = [rollout_place(config, backend, spec, device=device) for config, backend, spec, device in cases]
+    assert taken == [route for route, _ in AUTO_ROLLOUT]
