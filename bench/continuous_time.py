@@ -108,6 +108,17 @@ def run(args: argparse.Namespace) -> None:
                       f"{row['wall_s']:.0f} s", flush=True)  # fmt: skip
 
 
+def seconds_to_target(curves: list[list[list[float]]], target: float) -> float | None:
+    """The first second at which the mean over ``curves`` (each ``[seconds, steps, return]`` rows, a run's return
+    over its last 10 iterations, held from one row to the next) reaches ``target``, every run having reported; None
+    if it never does."""
+    for t in sorted({row[0] for curve in curves for row in curve}):
+        held = [[r for s, _, r in curve if s <= t] for curve in curves]
+        if all(held) and statistics.fmean(values[-1] for values in held) >= target:
+            return t
+    return None
+
+
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One line per task: ppo-eqx's returns over its seeds and wall times beside CleanRL's wall time for its run."""
     lines = []
@@ -129,6 +140,9 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             line["bound_s"] = line["cleanrl_wall_s"] / 10
             line["within_bound"] = line["wall_max_s"] <= line["bound_s"]
         line["reaches_target"] = line["mean"] >= target
+        line["seconds_to_target"] = seconds_to_target([r["curve"] for r in ours], target)
+        if theirs:
+            line["cleanrl_seconds_to_target"] = seconds_to_target([r["curve"] for r in theirs], target)
         lines.append(line)
     return lines
 
@@ -136,13 +150,14 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def report(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in args.rows.read_text().splitlines() if line.strip()]
     lines = summary(rows)
-    heads = ["task", "ppo-eqx returns (seeds)", "mean ± std", "CleanRL's 1M", "each process", "CleanRL's 1M run"]
-    print("| " + " | ".join([*heads, "1/10 of it"]) + " |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    heads = ["task", "ppo-eqx returns (seeds)", "mean ± std", "CleanRL's 1M", "each process", "mean at CleanRL's"]
+    print("| " + " | ".join([*heads, "CleanRL's 1M run", "1/10 of it"]) + " |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for line in lines:
-        cleanrl = line.get("cleanrl_wall_s")
+        cleanrl, reached = line.get("cleanrl_wall_s"), line["seconds_to_target"]
         print(f"| {line['task']} | {', '.join(f'{x:,}' for x in line['returns'])} | {line['mean']:,.0f} ± "
               f"{line['std']:,.0f} | {line['target']:,.0f} | {min(line['wall_s']):.0f}-{line['wall_max_s']:.0f} s | "
+              + (f"{reached:.0f} s | " if reached is not None else "not reached | ")
               + (f"{cleanrl:,.0f} s | {cleanrl / 10:.0f} s |" if cleanrl else "| |"))  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"summary": lines, "rows": rows}, indent=1) + "\n")

@@ -29,3 +29,13 @@ def test_the_summary_holds_each_task_to_its_return_and_a_tenth_of_cleanrls_time(
     cheetah = lines["HalfCheetah-v4"]
     assert cheetah["std"] == 0.0 and "bound_s" not in cheetah  # no CleanRL run of it: no bound stated
     assert cheetah["reaches_target"] is True  # 1,500 >= 1,442.64
+
+
+def test_the_time_to_return_is_when_the_mean_over_the_runs_first_reaches_it() -> None:
+    bench = load_bench_script("continuous_time")
+    a = [[10.0, 0, 100.0], [20.0, 0, 300.0], [30.0, 0, 200.0]]
+    b = [[15.0, 0, 100.0], [25.0, 0, 200.0]]
+    # At 20 s: a 300 and b 100 (held since 15 s), mean 200; at 10 s b has not reported yet.
+    assert bench.seconds_to_target([a, b], 200.0) == 20.0
+    assert bench.seconds_to_target([a, b], 100.0) == 15.0
+    assert bench.seconds_to_target([a, b], 251.0) is None  # 250 at most (20-25 s: 300 and 100 or 200)
