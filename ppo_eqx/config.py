@@ -321,7 +321,7 @@ class PPOConfig(Hyperparameters):
         """``for_task``'s config, with the env backend and the env's spec that it was resolved with (each looked up
         once: the command line's plan carries them)."""
         from .core.envs.jax_env import as_jax_env
-        from .host.named import backend_named, check_backend  # jax: the command line's parsing starts without it
+        from .host.named import backend_and_spec  # jax: the command line's parsing starts without it
 
         if isinstance(env, str):
             env_id = env
@@ -329,13 +329,13 @@ class PPOConfig(Hyperparameters):
                 env_backend = "jax" if is_import_path(env) else "envpool"
             task = {"env_id": env_id, "env_backend": env_backend}
             cls.from_dict(task)  # names checked before the backend reads them
-            chosen = backend_named(env_backend)
+            chosen, spec = backend_and_spec(env_backend, env_id, values.get("seed", cls.seed))
         else:
-            chosen = as_jax_env(env)
             if env_backend not in (None, "jax"):
                 raise ConfigError(f"env_backend={env_backend!r} with an env object; allowed: None or 'jax'")
+            chosen = as_jax_env(env)
             task = {"env_id": chosen.env_id, "env_backend": "jax"}
-        spec = check_backend(chosen, task["env_backend"], task["env_id"], values.get("seed", cls.seed))
+            spec = chosen.spec(chosen.env_id)
         preset = preset_for(
             spec.kind,
             state_is_data=chosen.state_is_data,

@@ -4,17 +4,17 @@
 import argparse
 import time
 from pathlib import Path
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
-from ..config import NETWORKS, PPOConfig, flag
+from ..config import PPOConfig, flag
 from ..core.envs import EnvBackend, EnvSpec
 from ..core.envs.normalize import check_normalizable
-from ..core.networks import ConvRoute, NetworkInit
+from ..core.networks import ConvRoute
 from ..core.state import ModelFactory
 from ..core.update import Loss, OptimizerFactory, make_optimizer, model_loss
 from ..errors import ConfigError, UsageError
 from ..host.checkpoint import CheckpointFile
-from ..host.named import backend_named, check_backend, check_user_code, loss_named, network_named, optimizer_named
+from ..host.named import backend_and_spec, user_code
 from ..host.placement import Placement, check_rollout_place
 from ..host.resume import read_run
 from ..host.run_dir import CONFIG, agent_dirs
@@ -94,7 +94,7 @@ def plan_new(args: argparse.Namespace, environment: dict[str, str | None]) -> Pl
     run_dir = args.run_dir or Path("runs") / f"{config.env_id}__{config.seed}__{int(time.time())}"
     check_normalizable(config.normalize_obs, config.normalize_reward, spec, config.async_batch_size)
     check_rollout_place(config, chosen, spec)
-    return Plan(config, run_dir, chosen, spec, environment, **_user_code(config, spec))
+    return Plan(config, run_dir, chosen, spec, environment, **user_code(config, spec))
 
 
 def plan_resume(args: argparse.Namespace, environment: dict[str, str | None]) -> Plan:
@@ -116,17 +116,5 @@ def plan_resume(args: argparse.Namespace, environment: dict[str, str | None]) ->
     config, newest = read_run(run_dir, "--resume", environment)
     if args.track and config.num_agents > 1:
         raise UsageError(f"--track logs one run; {run_dir} trains {config.num_agents} agents")
-    chosen = backend_named(config.env_backend)
-    spec = check_backend(chosen, config.env_backend, config.env_id, config.seed)
-    return Plan(config, run_dir, chosen, spec, environment, newest, **_user_code(config, spec))
-
-
-def _user_code(config: PPOConfig, spec: EnvSpec) -> dict[str, Any]:
-    """The loss, model and optimizer factories ``config`` names, a user's imported and traced against the task now
-    (``host.named.check_user_code``: ConfigError naming it), before anything is written: the plan's ``loss``,
-    ``model`` and ``optimizer`` (a model of ppo_eqx's is named again once the convolutions' route is known)."""
-    users = config.network not in NETWORKS
-    model = network_named(config.network, init=cast(NetworkInit, config.network_init))
-    optimizer, loss = optimizer_named(config.optimizer), loss_named(config.loss)
-    check_user_code(config, spec, model=model, optimizer=optimizer, loss=loss)
-    return {"loss": loss, "model": model if users else None, "optimizer": optimizer}
+    chosen, spec = backend_and_spec(config.env_backend, config.env_id, config.seed)
+    return Plan(config, run_dir, chosen, spec, environment, newest, **user_code(config, spec))

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ..config import PPOConfig
+from ..config import NETWORKS, PPOConfig
 from ..core._types import Batch, SequenceBatch
 from ..core.envs import BACKEND_THREADS, AsyncPool, EnvBackend, EnvSpec, EnvThreads, Pool, backend
 from ..core.envs.jax_env import JaxEnv
@@ -180,13 +180,18 @@ def backend_named(name: str) -> EnvBackend:
     """The backend ``PPOConfig.env_backend`` names: a library's (``core.envs.backend``), "jax" (env ids
     ``MODULE:CALLABLE``), or the user's object ``MODULE:ATTRIBUTE``, imported now and checked for ``EnvBackend``'s
     attributes (docs/design.md, "A backend of your own")."""
+    if isinstance(name, str) and ":" in name:
+        return _users_backend(name)
     if name == "jax":
         return ENV_ID_BACKEND
     if name == "gymnax":
         with _plotting_on_first_use():
             return backend(name)
-    if not (isinstance(name, str) and ":" in name):
-        return backend(name)
+    return backend(name)
+
+
+def _users_backend(name: str) -> EnvBackend:
+    """The user's backend object ``MODULE:ATTRIBUTE``, imported now and checked for ``EnvBackend``'s attributes."""
     found = import_object(name, "env_backend")
     if not isinstance(found, EnvBackend):
         missing = [name for name in ("name", "rebinds", "has_async", "state_is_data", "spec", "make", "make_async")
@@ -198,21 +203,31 @@ def backend_named(name: str) -> EnvBackend:
     return cast(EnvBackend, found)
 
 
+def backend_and_spec(name: str, env_id: str, seed: int = 1) -> tuple[EnvBackend, EnvSpec]:
+    """The backend ``name`` names (``backend_named``) and ``env_id``'s spec from it (``check_backend``): a user's
+    backend imported and its code called once here, a library's asked for the spec."""
+    if is_import_path(name):  # the user's: its code is called here, where a fault is said as the user's
+        users = _users_backend(name)
+        return users, check_backend(users, name, env_id, seed)
+    chosen = backend_named(name)
+    return chosen, chosen.spec(env_id)
+
+
 def check_backend(env_backend: EnvBackend, name: str, env_id: str, seed: int = 1) -> EnvSpec:
     """The spec of ``env_id`` from ``env_backend`` (which the config names ``name``); for a backend of the user's
     (``MODULE:ATTRIBUTE``) its ``spec`` and ``make`` called once here (a pool of one env, closed again), each the
     user's code: what they raise, or return that is no ``EnvSpec`` or pool, is one ConfigError naming the backend."""
-    if not is_import_path(name):
-        return env_backend.spec(env_id)
-    said = f"env_backend={name!r}"
-    spec = call_user(said, env_backend.spec, env_id, doing=f"in spec({env_id!r})", source=env_backend)
-    if not isinstance(spec, EnvSpec):
-        raise ConfigError(f"{said}: spec({env_id!r}) returned a {type(spec).__name__}; allowed: an EnvSpec")
-    pool = call_user(said, env_backend.make, env_id, [seed], doing="in make(env_id, seeds)", source=env_backend)
-    if not isinstance(pool, Pool):
-        raise ConfigError(f"{said}: make(...) returned a {type(pool).__name__}; allowed: a ppo_eqx Pool")
-    call_user(said, pool.close, doing="in its pool's close()")
-    return spec
+    if is_import_path(name):
+        said = f"env_backend={name!r}"
+        spec = call_user(said, env_backend.spec, env_id, doing=f"in spec({env_id!r})", source=env_backend)
+        if not isinstance(spec, EnvSpec):
+            raise ConfigError(f"{said}: spec({env_id!r}) returned a {type(spec).__name__}; allowed: an EnvSpec")
+        pool = call_user(said, env_backend.make, env_id, [seed], doing="in make(env_id, seeds)", source=env_backend)
+        if not isinstance(pool, Pool):
+            raise ConfigError(f"{said}: make(...) returned a {type(pool).__name__}; allowed: a ppo_eqx Pool")
+        call_user(said, pool.close, doing="in its pool's close()")
+        return spec
+    return env_backend.spec(env_id)
 
 
 # --- losses, networks, optimizers -------------------------------------------------------------------------------
@@ -356,6 +371,16 @@ def _shown(value: Any) -> str:
     return type(value).__name__
 
 
+def user_code(config: PPOConfig, spec: EnvSpec) -> dict[str, Any]:
+    """The loss, model and optimizer factories ``config`` names, a user's imported and traced against the task now
+    (``check_user_code``: ConfigError naming it), before anything is written: a plan's ``loss``, ``model`` (None for
+    a network of ppo_eqx's, named again once the convolutions' route is known) and ``optimizer``."""
+    model = network_named(config.network, init=cast(NetworkInit, config.network_init))
+    optimizer, loss = optimizer_named(config.optimizer), loss_named(config.loss)
+    check_user_code(config, spec, model=model, optimizer=optimizer, loss=loss)
+    return {"loss": loss, "model": None if config.network in NETWORKS else model, "optimizer": optimizer}
+
+
 def check_user_code(
     config: PPOConfig,
     spec: EnvSpec,
@@ -387,11 +412,11 @@ def _key_like() -> jax.ShapeDtypeStruct:
 
 
 def _hyperparameters_like(config: PPOConfig) -> Any:
-    """The shapes of ``config``'s first agent's hyperparameters (an ``AgentHyperparameters`` of
-    ``jax.ShapeDtypeStruct``), made without a backend (``_key_like``)."""
+    """The shapes of one agent's hyperparameters of ``config`` (an ``AgentHyperparameters`` of
+    ``jax.ShapeDtypeStruct``: every agent's are the same, scalars), made without a backend (``_key_like``)."""
     from ..core.hyperparameters import AgentHyperparameters
 
-    return jax.eval_shape(lambda: AgentHyperparameters.of(config.agent_configs()[:1]))
+    return jax.eval_shape(lambda: AgentHyperparameters.of([config]))
 
 
 def _obs_like(spec: EnvSpec, rows: int) -> jax.ShapeDtypeStruct:
