@@ -116,3 +116,33 @@ def structure() -> str:
     """docs/design.md from "One iteration, file by file" to the end of "The structure"."""
     text = DESIGN.read_text()
     return text[text.index("## One iteration, file by file") : text.index("## The pure functions")]
+
+
+DEFAULT_SAID = re.compile(r"`(--[a-z][a-z0-9-]+)[^`]*`[^`(\n]{0,40}\((?:the )?default:? ([^),;]+)")
+"""A back-quoted flag followed closely by "(default V": what the docs say its default is."""
+
+
+def parser_defaults() -> dict[str, object]:
+    defaults: dict[str, object] = {}
+    stack = [build_parser()]
+    while stack:
+        parser = stack.pop()
+        for action in parser._actions:
+            defaults.update((option, action.default) for option in action.option_strings if option.startswith("--"))
+            stack.extend(action.choices.values() if isinstance(action.choices, dict) else [])
+    return defaults
+
+
+def test_a_default_the_docs_state_is_the_flags_default() -> None:
+    from ppo_eqx.config import PPOConfig
+
+    defaults, said = parser_defaults(), []
+    for doc in DOCS:
+        said += [(doc.name, flag, value.strip()) for flag, value in DEFAULT_SAID.findall(doc.read_text())]
+    assert said  # README's --episodes at least
+    for doc, flag, value in said:
+        default = defaults.get(flag)
+        field = PPOConfig.__dataclass_fields__.get(flag[2:].replace("-", "_"))
+        if default is None and field is not None:  # train's flags default to None: the config's (or preset's) value
+            default = field.default
+        assert str(default) == value, (doc, flag, value, default)
