@@ -184,10 +184,8 @@ def backend_named(name: str) -> EnvBackend:
         return _users_backend(name)
     if name == "jax":
         return ENV_ID_BACKEND
-    if name == "gymnax":
-        with _plotting_on_first_use():
-            return backend(name)
-    return backend(name)
+    with _plotting_on_first_use() if name == "gymnax" else contextlib.nullcontext():
+        return backend(name)
 
 
 def _users_backend(name: str) -> EnvBackend:
@@ -209,7 +207,11 @@ def backend_and_spec(name: str, env_id: str, seed: int = 1) -> tuple[EnvBackend,
     if is_import_path(name):  # the user's: its code is called here, where a fault is said as the user's
         users = _users_backend(name)
         return users, check_backend(users, name, env_id, seed)
-    chosen = backend_named(name)
+    # A library's backend, as ``backend_named`` finds it; its spec asked of it directly (nothing of the user's).
+    if name == "jax":
+        return ENV_ID_BACKEND, ENV_ID_BACKEND.spec(env_id)
+    with _plotting_on_first_use() if name == "gymnax" else contextlib.nullcontext():
+        chosen = backend(name)
     return chosen, chosen.spec(env_id)
 
 
