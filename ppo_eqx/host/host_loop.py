@@ -143,7 +143,7 @@ class HostLoop:
         self.total = sum(sizes)
         self.obs = [pool.first_obs for pool in self.pools]
         self.host: Rows | None = None
-        self.kinds: dict[str, Any] = {}  # the policy's rows: name -> (shape of one env's, dtype)
+        self.action_width = 0  # the actions' columns of ``act``'s packed array (1 for a discrete action)
         self._threads = (
             concurrent.futures.ThreadPoolExecutor(len(actors), thread_name_prefix="ppo-eqx-actor")
             if len(actors) > 1
@@ -164,13 +164,12 @@ class HostLoop:
         assert host is not None
         moments, packed = self.programs.act(leaves, moments, obs, key_data, np.int32(self.rows[p].start))
         packed = np.asarray(packed)
-        (action_shape, action_dtype), rows = self.kinds["actions"], self.rows[p]
-        width = int(np.prod(action_shape, dtype=np.int64))
-        actions = packed[:, :width].astype(action_dtype).reshape(-1, *action_shape)
+        rows, width, taken = self.rows[p], self.action_width, host["actions"]
+        actions = packed[:, :width].astype(taken.dtype).reshape(-1, *taken.shape[2:])
         self.pools[p].send(actions)
-        host["actions"][t, rows] = actions
+        taken[t, rows] = actions
         host["logprob_value"][t, rows] = packed[:, width : width + 2]
-        seen = obs if moments is None else packed[:, width + 2 :].reshape(-1, *self.kinds["obs"][0])
+        seen = obs if moments is None else packed[:, width + 2 :].reshape(-1, *host["obs"].shape[2:])
         host["obs"][t, rows] = seen
         return moments
 
@@ -225,10 +224,10 @@ class HostLoop:
         """The host buffers of a rollout's steps, made once: the env's rows and the policy's."""
         if self.host is None:
             shapes = self.programs.policy_rows(leaves, key_data, self.obs[0])
-            self.kinds = {name: (x.shape[1:], np.dtype(x.dtype)) for name, x in shapes.items()}
             self.host = {name: np.zeros((self.num_steps, self.total), dtype) for name, dtype in HOST_ROWS.items()}
-            for name, (shape, dtype) in self.kinds.items():
-                self.host[name] = np.zeros((self.num_steps, self.total, *shape), dtype)
+            for name, x in shapes.items():
+                self.host[name] = np.zeros((self.num_steps, self.total, *x.shape[1:]), x.dtype)
+            self.action_width = int(np.prod(shapes["actions"].shape[1:], dtype=np.int64))
 
     def compile(self, model: Policy, carry: RolloutCarry, key: PRNGKeyArray, hyperparameters: Any) -> Any:
         """Compile ``act`` (for each size of pool), ``observe`` and ``stack`` for states like these; returns the
