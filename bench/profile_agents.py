@@ -35,11 +35,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--agents", type=int, default=256, help="seeds in one program (default: 256)")
     parser.add_argument("--iterations", type=int, default=40, help="iterations profiled (default: 40)")
+    parser.add_argument(
+        "--env-id", default="CartPole-v1", help="gymnax's task for ppo-eqx, with its preset (default: CartPole-v1)"
+    )
     parser.add_argument("--purejaxrl", type=Path, default=None, help="a PureJaxRL checkout (holds purejaxrl/ppo.py)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     if args.agents < 1 or args.iterations < 1:
         parser.error("--agents and --iterations: allowed: 1 or more")
+    if args.purejaxrl is not None and args.env_id != "CartPole-v1":
+        parser.error(f"--purejaxrl with --env-id {args.env_id}: PureJaxRL's side is CleanRL's CartPole-v1 only")
     return args
 
 
@@ -84,21 +89,24 @@ def profiled(run: Callable[[], Any]) -> dict[str, Any]:
         return {"wall_s": wall, **operations(trace_dir)}
 
 
-def ppo_eqx_program(agents: int, iterations: int) -> Callable[[], Any]:
-    """ppo-eqx's program of ``iterations`` iterations of ``agents`` agents, as ``ppo-eqx train`` runs it."""
+def ppo_eqx_program(env_id: str, agents: int, iterations: int) -> tuple[Callable[[], Any], int]:
+    """ppo-eqx's program of ``iterations`` iterations of ``agents`` agents on ``env_id``, as ``ppo-eqx train``
+    runs it; with the env steps of one iteration of one agent."""
     from ppo_eqx import PPOConfig, Trainer
 
+    preset = PPOConfig.for_task(env_id, "gymnax")
+    steps = preset.num_envs * preset.num_steps
     config = PPOConfig.for_task(
-        "CartPole-v1",
+        env_id,
         "gymnax",
         num_seeds=agents,
-        total_timesteps=4 * 128 * iterations * 1000,
+        total_timesteps=steps * iterations * 1000,
         iterations_per_dispatch=iterations,
         checkpoint_every=iterations * 1000,
     )
     trainer = Trainer(config)
     trainer.compile()
-    return lambda: trainer.dispatch().metrics
+    return (lambda: trainer.dispatch().metrics), steps
 
 
 def purejaxrl_program(path: Path, agents: int, iterations: int) -> Callable[[], Any]:
@@ -135,11 +143,17 @@ def purejaxrl_program(path: Path, agents: int, iterations: int) -> Callable[[], 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    rows = [{"program": "ppo-eqx", **profiled(ppo_eqx_program(args.agents, args.iterations))}]
+    start = time.perf_counter()
+    program, steps_per_iteration = ppo_eqx_program(args.env_id, args.agents, args.iterations)
+    print(f"ppo-eqx: built and compiled in {time.perf_counter() - start:.1f} s", flush=True)
+    rows = [{"program": "ppo-eqx", "compile_s": time.perf_counter() - start, **profiled(program)}]
+    print(f"ppo-eqx: {rows[0]['wall_s']:.3f} s wall profiled", flush=True)
     if args.purejaxrl is not None:
+        start = time.perf_counter()
         program = purejaxrl_program(args.purejaxrl, args.agents, args.iterations)
-        rows.append({"program": "purejaxrl", **profiled(program)})
-    steps = args.agents * 4 * 128 * args.iterations
+        print(f"purejaxrl: built and compiled in {time.perf_counter() - start:.1f} s", flush=True)
+        rows.append({"program": "purejaxrl", "compile_s": time.perf_counter() - start, **profiled(program)})
+    steps = args.agents * steps_per_iteration * args.iterations  # PureJaxRL's CartPole: 4 x 128 as ppo-eqx's
     for row in rows:
         row["env_steps_per_s"] = steps / row["wall_s"]
         print(f"{row['program']}: {row['wall_s']:.3f} s wall, {row['ops_s']:.3f} s of operations, "
@@ -148,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {op['s']:.4f} s  {op['count']:6d}  {op['op'][:100]}")
     header = {
         "command": " ".join(sys.argv),
+        "env_id": args.env_id,
         "agents": args.agents,
         "iterations": args.iterations,
         "devices": [str(device) for device in jax.devices()],

@@ -6,10 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ppo_eqx import ActorCritic, AgentHyperparameters, Batch, PPOConfig, make_optimizer, model_loss, update
 from ppo_eqx.core.checks import check_actions
-from ppo_eqx.core.update import current_learning_rate, learning_rate_schedule, minibatch_indices
+from ppo_eqx.core.update import current_learning_rate, learning_rate_schedule, minibatch_indices, row_taker
 
 pytestmark = pytest.mark.unit
 
@@ -151,3 +153,46 @@ def test_actions_closed_over_in_a_jitted_function_are_checked_on_the_host():
     assert jax.jit(lambda x: (check_actions(good, 2, "f"), x)[1])(1.0) == 1.0
     with pytest.raises(ValueError, match="holds 5; allowed: 0 .. 1"):
         jax.jit(lambda x: (check_actions(bad, 2, "f"), x)[1])(1.0)
+
+
+@given(
+    rows=st.integers(2, 40),
+    width=st.integers(1, 70),
+    wide=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=25, deadline=None)
+def test_row_taker_takes_each_fields_rows_bit_for_bit(rows: int, width: int, wide: bool, seed: int) -> None:
+    """The packed gather gives each field's own rows, bits and dtypes unchanged: NaN, -0.0 and int32 actions
+    included, a field too wide to pack (frames) and a bool field taken on their own."""
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(rows).astype(np.float32)
+    values[0], values[-1] = np.nan, -0.0
+    fields = {
+        "obs": rng.standard_normal((rows, width)).astype(np.float32),
+        "actions": rng.integers(-(2**31), 2**31 - 1, rows, dtype=np.int32),
+        "values": values,
+        "frames": rng.integers(0, 255, (rows, 3, 5) if wide else (rows, 2), dtype=np.uint8),
+        "done": rng.random(rows) < 0.5,
+    }
+    index = rng.permutation(rows)[: max(1, rows // 2)].astype(np.int32)
+    taken = jax.jit(lambda batch, i: row_taker(batch)(i))(fields, index)
+    for name, field in fields.items():
+        want = field[index]
+        assert taken[name].dtype == field.dtype and taken[name].shape == want.shape, name
+        assert np.asarray(taken[name]).tobytes() == want.tobytes(), name
+
+
+def test_row_taker_gathers_the_narrow_fields_once() -> None:
+    """A Batch of frames takes two gathers a minibatch (the frames', the five packed fields'), not six."""
+    rows = 32
+    batch = Batch(
+        obs=jnp.zeros((rows, 4, 84, 84), jnp.uint8),
+        actions=jnp.zeros(rows, jnp.int32),
+        logprobs=jnp.zeros(rows),
+        values=jnp.zeros(rows),
+        advantages=jnp.zeros(rows),
+        returns=jnp.zeros(rows),
+    )
+    jaxpr = jax.make_jaxpr(lambda i: row_taker(batch)(i))(jnp.arange(8, dtype=jnp.int32))
+    assert str(jaxpr).count("gather[") == 2

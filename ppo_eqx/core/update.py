@@ -3,6 +3,8 @@ model and a batch, and ``Loss``, what any loss that the update descends is (``mo
 reporting values of its own). The update: shuffle the batch each epoch, split it into minibatches, one optimizer
 step per minibatch."""
 
+import itertools
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast, runtime_checkable
 
@@ -229,6 +231,43 @@ def minibatch_indices(
     return permutations.reshape(update_epochs * num_minibatches, batch_size // num_minibatches)
 
 
+PACKED_WIDTH = 64
+"""A field whose rows hold at most this many 4-byte numbers is taken in the one packed gather (``row_taker``)."""
+
+
+def row_taker(batch: PyTree) -> Callable[[Int[Array, " mb"]], PyTree]:
+    """``take(index)``: the rows ``index`` of every leaf of ``batch``, as ``jnp.take`` takes them. The leaves of
+    4-byte numbers with narrow rows (at most ``PACKED_WIDTH``: the actions, log-probabilities, values, advantages,
+    returns, vector observations) are packed here, once, as the columns of one ``uint32`` array, and each ``take``
+    gathers their rows in one gather: on a TPU a gather costs by the row taken, not by its width, so five fields
+    of one number cost five times what the packed gather costs. The bits are moved, not computed: the rows are
+    the ones each field's own ``jnp.take`` gives. Wider leaves (frames) and other types are taken on their own."""
+    leaves, treedef = jax.tree.flatten(batch)
+    narrow = [
+        i
+        for i, x in enumerate(leaves)
+        if x.ndim >= 1 and x.dtype.itemsize == 4 and math.prod(x.shape[1:]) <= PACKED_WIDTH
+    ]
+    if len(narrow) < 2:
+        return lambda index: jax.tree.map(lambda x: jnp.take(x, index, axis=0, mode="clip"), batch)
+    rows = leaves[narrow[0]].shape[0]
+    columns = [jax.lax.bitcast_convert_type(leaves[i], jnp.uint32).reshape(rows, -1) for i in narrow]
+    packed = jnp.concatenate(columns, axis=1)
+    ends = list(itertools.accumulate(column.shape[1] for column in columns))
+
+    def take(index: Int[Array, " mb"]) -> PyTree:
+        # The rows are a permutation, always in bounds: "clip" is XLA's own gather, where jnp's default ("fill")
+        # adds a select over every gathered frame.
+        taken = [None if i in narrow else jnp.take(x, index, axis=0, mode="clip") for i, x in enumerate(leaves)]
+        packed_rows = jnp.take(packed, index, axis=0, mode="clip")
+        for i, start, stop in zip(narrow, [0, *ends[:-1]], ends, strict=True):
+            field = packed_rows[:, start:stop].reshape(index.shape[0], *leaves[i].shape[1:])
+            taken[i] = jax.lax.bitcast_convert_type(field, leaves[i].dtype)
+        return jax.tree.unflatten(treedef, taken)
+
+    return take
+
+
 LossFn = Callable[[PyTree, Any], tuple[Float[Array, ""], Any]]
 
 
@@ -264,20 +303,16 @@ def minibatch_steps(
 
     ``advantages``, if given, replace each minibatch's own (row k's for step k); ``reduce_grads`` is applied
     to the gradients before the optimizer step (the data-parallel update averages them across devices);
-    ``select(batch, index)`` is a minibatch (default: the rows ``index`` of every field).
+    ``select(batch, index)`` is a minibatch (default: the rows ``index`` of every field, ``row_taker``).
     """
+    take = row_taker(batch) if select is None else None
 
     def step(
         carry: tuple[PyTree, PyTree], xs: tuple[Int[Array, " mb"], Float[Array, " mb"] | None]
     ) -> tuple[tuple[PyTree, PyTree], LossInfo | Any]:
         params, opt_state = carry
         index, step_advantages = xs
-        # The rows are a permutation, always in bounds: "clip" is XLA's own gather, where jnp's default ("fill")
-        # adds a select over every gathered frame.
-        if select is None:
-            minibatch = jax.tree.map(lambda x: jnp.take(x, index, axis=0, mode="clip"), batch)
-        else:
-            minibatch = select(batch, index)
+        minibatch = take(index) if take is not None else select(batch, index)
         if step_advantages is not None:
             minibatch = minibatch._replace(advantages=step_advantages)
         (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, minibatch)
