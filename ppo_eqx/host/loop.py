@@ -41,11 +41,13 @@ def run(trainer: Trainer, *, num_iterations: int | None = None) -> Iterator[dict
 
 def agent_records(config: PPOConfig, iteration: int, metrics: dict[str, Any], seconds: float) -> list[dict[str, Any]]:
     """One host-side record per agent of an iteration's (fetched) metrics; ``seconds`` the iteration took."""
+    # Each metric as floats once (float64 holds each float32 exactly): hundreds of agents make hundreds of rows.
+    columns = {name: np.asarray(value, np.float64).reshape(-1).tolist() for name, value in metrics.items()}
     records = []
     for agent in range(config.num_agents):
         record: dict[str, Any] = {"iteration": iteration, "global_step": iteration * config.batch_size}
         record["sps"] = config.batch_size / seconds
-        record.update({name: float(np.reshape(value, -1)[agent]) for name, value in metrics.items()})
+        record.update({name: column[agent] for name, column in columns.items()})
         records.append(record)
     return records
 
