@@ -260,3 +260,22 @@ def test_segment_seeds_depend_on_seed_and_iteration_only():
     assert seeds != segment_env_seeds(1, 100, 8) and seeds != segment_env_seeds(2, 50, 8)
     # The first envs of a bigger pool are seeded as the smaller pool's: seeds are drawn per env in order.
     assert segment_env_seeds(1, 50, 16)[:8] == seeds
+
+
+def test_a_state_made_on_the_host_cpu_lands_as_if_made_on_the_default_device() -> None:
+    """What an accelerator's run makes on its host's CPU (``fresh.on_the_host_cpu``) is put on the default device
+    uncommitted, as arrays made there are, each value and dtype kept: typed PRNG keys and bfloat16 too."""
+    from ppo_eqx.host.fresh import _on_the_default_device
+
+    made = {
+        "keys": jax.random.split(jax.random.key(3), 2),
+        "weights": jnp.arange(5.0, dtype=jnp.bfloat16),
+        "count": jnp.asarray(7, jnp.int32),
+    }
+    moved = jax.tree.map(_on_the_default_device, made)
+    assert np.array_equal(jax.random.key_data(moved["keys"]), jax.random.key_data(made["keys"]))
+    assert jax.random.key_impl(moved["keys"]) == jax.random.key_impl(made["keys"])
+    for name in ("weights", "count"):
+        assert moved[name].dtype == made[name].dtype and np.array_equal(moved[name], made[name])
+    for x in jax.tree.leaves(moved):
+        assert x.devices() == {jax.devices()[0]} and not x.committed

@@ -3,6 +3,7 @@
 ``XLA_FLAGS`` is put back as it was."""
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,23 @@ def test_one_agent_of_a_continuous_envpool_task_gets_the_sequential_scheduler(no
     for flags in (("--num-seeds", "2"), ("--rollout-on", "device"), ("--env-id", "Breakout-v5"), ("--env-id", "Nope")):
         assert schedule_small_programs(train_args("--env-id", "HalfCheetah-v4", *flags)) is None, flags
         assert "XLA_FLAGS" not in environment.os.environ
+
+
+def test_compilation_cache_on_a_tpu_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A TPU's process keeps its compiled programs in $PPO_EQX_CACHE/xla; a CPU's, or one whose cache is set by
+    the user already, is left as it is."""
+    import jax
+
+    from ppo_eqx.cli.environment import use_compilation_cache
+
+    monkeypatch.setenv("PPO_EQX_CACHE", str(tmp_path))
+    before = jax.config.jax_compilation_cache_dir  # pyright: ignore[reportAttributeAccessIssue]
+    try:
+        assert use_compilation_cache() is None  # this machine's CPU
+        monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+        assert use_compilation_cache() == tmp_path / "xla"
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")  # pyright: ignore[reportAttributeAccessIssue]
+        monkeypatch.setenv("PPO_EQX_CACHE", str(tmp_path / "other"))
+        assert use_compilation_cache() is None  # one is set: kept
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)

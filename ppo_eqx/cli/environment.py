@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..config import agents_of
@@ -102,6 +103,21 @@ def check_backend(probe: XlaFlagsProbe) -> None:
                 "a platform this machine has (cpu)"
             ) from None
         raise UsageError(f"jax cannot start a backend: {reason or type(error).__name__}") from None
+    use_compilation_cache()
+
+
+def use_compilation_cache() -> Path | None:
+    """On a TPU, jax's persistent compilation cache in ``$PPO_EQX_CACHE/xla`` (default ``~/.cache/ppo_eqx/xla``),
+    unless one is set already (``JAX_COMPILATION_CACHE_DIR``); before jax's first compile, which decides whether the
+    process uses one. A TPU compiles each program for seconds (a CartPole run's 8.6 s, its initialisation's 5.8 s
+    on a TPU v5e): the same command again loads them. Returns the directory chosen (None: none chosen here)."""
+    import jax
+
+    if jax.default_backend() != "tpu" or jax.config.jax_compilation_cache_dir:  # pyright: ignore[reportAttributeAccessIssue]
+        return None
+    path = Path(os.environ.get("PPO_EQX_CACHE") or Path.home() / ".cache" / "ppo_eqx") / "xla"
+    jax.config.update("jax_compilation_cache_dir", str(path))
+    return path
 
 
 SEQUENTIAL_SCHEDULER = "--xla_cpu_enable_concurrency_optimized_scheduler=false"
