@@ -49,6 +49,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=Path(sys.executable),
         help="a Python with ppo_eqx[gymnax] (default: this one)",
     )
+    parser.add_argument(
+        "--ppo-eqx",
+        type=Path,
+        default=None,
+        help="the ppo-eqx command (default: the one beside --ppo-eqx-python; on the TPU machine, a script that runs "
+        "python3 -m ppo_eqx)",
+    )
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS), help="(default: all)")
     parser.add_argument("--tasks", nargs="+", choices=("cartpole", "breakout"), default=["cartpole"])
     parser.add_argument("--agents", nargs="+", type=int, default=[1, 64], help="seeds vmapped (default: 1 64)")
@@ -150,7 +157,8 @@ def runners(args: argparse.Namespace) -> dict[str, Callable[[str, int], dict]]:
     if "rejax" in args.peers:
         table["rejax"] = lambda t, a: run_runner(args.rejax_python, "run_rejax.py", [], t, a, args)
     if "ppo-eqx" in args.peers:
-        table["ppo-eqx"] = lambda t, a: run_runner(args.ppo_eqx_python, "run_ppo_eqx.py", [], t, a, args)
+        own = [] if args.ppo_eqx is None else ["--peer-path", str(args.ppo_eqx.resolve())]
+        table["ppo-eqx"] = lambda t, a: run_runner(args.ppo_eqx_python, "run_ppo_eqx.py", own, t, a, args)
     return table
 
 

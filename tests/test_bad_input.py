@@ -470,21 +470,30 @@ def assert_intact(run: Path, rows_at_least: int) -> None:
 
 def disk_fills_under_tensorboard(monkeypatch, *, after_iteration: int) -> None:
     """TensorBoard's events file fails with ENOSPC once the metrics of ``after_iteration`` are written."""
-    real_record_write, real_run_write = writers.EventsFile.write_record, writers.RunWriter.write
-    full = []
+    real_records_write, real_run_write, real_flush = (
+        writers.EventsFile.write_records,
+        writers.RunWriter.write,
+        writers.RunWriter.flush,
+    )
+    full, seen = [], []
 
-    def record_write(self, data):
+    def records_write(self, records):
         if full:
             raise ENOSPC
-        real_record_write(self, data)
+        real_records_write(self, records)
 
     def run_write(self, record):
         real_run_write(self, record)
-        if record["iteration"] >= after_iteration:
-            full.append(record["iteration"])
+        seen.append(record["iteration"])
 
-    monkeypatch.setattr(writers.EventsFile, "write_record", record_write)
+    def flush(self):
+        real_flush(self)
+        if seen and seen[-1] >= after_iteration:
+            full.append(seen[-1])
+
+    monkeypatch.setattr(writers.EventsFile, "write_records", records_write)
     monkeypatch.setattr(writers.RunWriter, "write", run_write)
+    monkeypatch.setattr(writers.RunWriter, "flush", flush)
 
 
 def test_a_full_disk_under_tensorboard_stops_with_one_line(tmp_path, capsys, monkeypatch, watchdog):

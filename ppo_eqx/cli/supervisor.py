@@ -128,6 +128,8 @@ class Supervisor:
         self.thread_errors: list[BaseException] = []
         self.time_offset = 0.0 if plan.resume is None else float(plan.resume.metadata.get("time_elapsed", 0.0))
         self.records: list[dict[str, Any]] = []
+        self._unshown: list[list[dict[str, Any]]] = []  # written to the writers, not yet flushed and shown
+        self._bar: Any = None
 
     @property
     def trainer(self) -> Trainer:
@@ -261,33 +263,48 @@ class Supervisor:
             mininterval=1.0,
         )
         try:
-            for records in run_agents(self.trainer, pause=self._pause, time_offset=self.time_offset):
+            self._bar = bar
+            loop = run_agents(self.trainer, pause=self._pause, time_offset=self.time_offset, after_program=self._flush)
+            for records in loop:
                 self._write(records)
-                self._show(bar, records)
                 iteration = int(records[0]["iteration"])
                 self._save_if_due(iteration)
                 if self._stops_after(iteration):
                     break
+            self._flush()
         except NonFiniteError as error:
-            self._write(error.records)
+            self._write(error.records, show=False)
+            self._flush()
             # Resuming would compute the same NaN again: the way on is another setting, so no "--resume" here.
             kept = f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else self._kept()
             raise FloatingPointError(f"{error}; {kept}") from None
         finally:
             bar.close()
 
-    def _write(self, records: list[dict[str, Any]]) -> None:
+    def _write(self, records: list[dict[str, Any]], *, show: bool = True) -> None:
+        """An iteration's records, held by the writers until ``_flush``, and shown then."""
         self.records = records
         if self.directory is not None and not self.directory.in_place():  # moved, or its link repointed
             self.stop.signal = self.stop.signal or MOVED
-        try:
-            self.writers.write(records)
-        except OSError as error:
-            raise RunError(
-                f"could not write the metrics of iteration {records[0]['iteration']}: {error.strerror or error}; "
-                f"{self._kept()}"
-            ) from None
+        self.writers.write(records)
+        if show:
+            self._unshown.append(records)
         self._check_threads()
+
+    def _flush(self) -> None:
+        """The rows the writers hold, written, then their lines shown (a line shown is a row written): after each
+        program's records, before a checkpoint, at the end."""
+        try:
+            self.writers.flush()
+        except OSError as error:
+            iteration = self.records[0]["iteration"] if self.records else self.plan.start_iteration
+            raise RunError(
+                f"could not write the metrics of iteration {iteration}: {error.strerror or error}; {self._kept()}"
+            ) from None
+        unshown, self._unshown = self._unshown, []
+        for records in unshown:
+            if self._bar is not None:
+                self._show(self._bar, records)
 
     def _check_threads(self) -> None:
         if self.thread_errors:
@@ -363,6 +380,7 @@ class Supervisor:
         return stops_after(stop=self.stop.signal, current=self._state_is_of(iteration))
 
     def _save(self, iteration: int, reason: str) -> None:
+        self._flush()  # the rows up to the checkpoint first: a resumed run starts after them
         checkpoint = self.trainer.checkpoint()  # collective: every process takes part
         if self.directory is None:
             return

@@ -58,6 +58,7 @@ def run_agents(
     num_iterations: int | None = None,
     pause: Callable[[int], bool] | None = None,
     time_offset: float = 0.0,
+    after_program: Callable[[], None] | None = None,
 ) -> Iterator[list[dict[str, float]]]:
     """``run`` for ``num_agents`` agents: one record per agent and iteration, each as a single run's.
 
@@ -72,6 +73,8 @@ def run_agents(
     several iterations, ``pause`` is asked at each program's end, and their records come together after it; each
     program runs as many of its iterations as take about ``DISPATCH_SECONDS`` at the pace measured so far (one, the
     first time), so that a stop request (Ctrl-C) is acted on within seconds however slow an env is.
+    ``after_program()`` is called once a program's records have all been taken, before the loop waits again (the
+    command's writers write what they hold then).
     """
     if trainer.closed:
         raise RuntimeError("this Trainer is closed (its envs and programs are gone); make a new one")
@@ -100,6 +103,8 @@ def run_agents(
                 record["time_elapsed"] = now - start + time_offset
             _check_finite(config, iteration, records, bool(finite))
             yield records
+        if after_program is not None:
+            after_program()
         last = now
         if ahead is None and trainer.iteration < total:
             ahead = trainer.dispatch(total, most=pace.most())
