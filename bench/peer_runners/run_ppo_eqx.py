@@ -27,12 +27,16 @@ COMPILED = re.compile(r"^ppo-eqx: compiled .* in ([0-9.]+) s$")
 
 
 def main() -> None:
-    args = parse_args(__doc__, "the ppo-eqx program (default: the one beside this Python)")
+    args = parse_args(__doc__, "the ppo-eqx program (default: the one beside this Python, else python -m ppo_eqx)")
     settings = task_settings(args)
-    ppo_eqx = str(args.peer_path or Path(sys.executable).with_name("ppo-eqx"))
+    beside = Path(sys.executable).with_name("ppo-eqx")
+    if args.peer_path is not None:
+        ppo_eqx = [str(args.peer_path)]
+    else:  # where no command is installed beside the Python (the TPU machine's bundle), the module
+        ppo_eqx = [str(beside)] if beside.is_file() else [sys.executable, "-m", "ppo_eqx"]
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = [ppo_eqx, "train", "--env-backend", "gymnax", "--env-id", settings["env_id"]]
+        command = [*ppo_eqx, "train", "--env-backend", "gymnax", "--env-id", settings["env_id"]]
         command += ["--total-timesteps", str(settings["total_timesteps"]), "--seed", str(args.seed)]
         command += ["--num-seeds", str(args.num_agents), "--run-dir", str(run_dir), "--no-progress"]
         start = time.perf_counter()

@@ -3,6 +3,7 @@ model and a batch, and ``Loss``, what any loss that the update descends is (``mo
 reporting values of its own). The update: shuffle the batch each epoch, split it into minibatches, one optimizer
 step per minibatch."""
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Mapping
@@ -305,14 +306,14 @@ def minibatch_steps(
     to the gradients before the optimizer step (the data-parallel update averages them across devices);
     ``select(batch, index)`` is a minibatch (default: the rows ``index`` of every field, ``row_taker``).
     """
-    take = row_taker(batch) if select is None else None
+    take = row_taker(batch) if select is None else functools.partial(select, batch)
 
     def step(
         carry: tuple[PyTree, PyTree], xs: tuple[Int[Array, " mb"], Float[Array, " mb"] | None]
     ) -> tuple[tuple[PyTree, PyTree], LossInfo | Any]:
         params, opt_state = carry
         index, step_advantages = xs
-        minibatch = take(index) if take is not None else select(batch, index)
+        minibatch = take(index)
         if step_advantages is not None:
             minibatch = minibatch._replace(advantages=step_advantages)
         (_, info), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, minibatch)

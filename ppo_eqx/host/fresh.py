@@ -13,6 +13,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 from jaxtyping import Array, Int
 
 from ..config import PPOConfig
@@ -145,7 +146,7 @@ def on_the_host_cpu(make: Callable[[], Any]) -> Any:
     with jax.default_device(cpu):
         made = make()
     arrays, rest = eqx.partition(made, eqx.is_array)
-    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(arrays)):  # traced (eval_shape): no values
+    if any(isinstance(x, Tracer) for x in jax.tree.leaves(arrays)):  # traced (eval_shape): no values
         return made
     return eqx.combine(jax.tree.map(_on_the_default_device, arrays), rest)
 
