@@ -279,3 +279,23 @@ def test_a_state_made_on_the_host_cpu_lands_as_if_made_on_the_default_device() -
         assert moved[name].dtype == made[name].dtype and np.array_equal(moved[name], made[name])
     for x in jax.tree.leaves(moved):
         assert x.devices() == {jax.devices()[0]} and not x.committed
+
+
+def test_an_accelerators_fresh_agents_are_made_on_the_host_cpu_with_the_same_bits(spec: EnvSpec) -> None:
+    """``on_the_host_cpu`` as on an accelerator (the platform given): the agents it makes are the bits the plain
+    call makes, put on the default device uncommitted; under ``eval_shape`` nothing is computed."""
+    from ppo_eqx.host.fresh import on_the_host_cpu
+
+    config = PPOConfig(env_id="CartPole-v1", num_envs=2, num_steps=8, num_seeds=2)
+    plain = fresh_agents(config, spec, conv_impl="matmul")
+    made = on_the_host_cpu(lambda: fresh_agents(config, spec, conv_impl="matmul"), platform="tpu")
+    plain_leaves, made_leaves = jax.tree.leaves(plain), jax.tree.leaves(made)
+    assert len(plain_leaves) == len(made_leaves)
+    for want, got in zip(plain_leaves, made_leaves, strict=True):
+        if jnp.issubdtype(want.dtype, jax.dtypes.prng_key):
+            want, got = jax.random.key_data(want), jax.random.key_data(got)
+        assert got.dtype == want.dtype and np.asarray(got).tobytes() == np.asarray(want).tobytes()  # NaN too
+        assert not got.committed
+    made_here = lambda: fresh_agents(config, spec, conv_impl="matmul")  # noqa: E731
+    shaped = eqx.filter_eval_shape(lambda: on_the_host_cpu(made_here, platform="tpu"))
+    assert [x.shape for x in jax.tree.leaves(shaped)] == [x.shape for x in plain_leaves]

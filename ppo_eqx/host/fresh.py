@@ -131,13 +131,16 @@ def fresh_agents(
     return on_the_host_cpu(lambda: _fresh_agents(config, spec, conv_impl, model, optimizer))
 
 
-def on_the_host_cpu(make: Callable[[], Any]) -> Any:
+def on_the_host_cpu(make: Callable[[], Any], *, platform: str | None = None) -> Any:
     """``make()`` computed on the host's CPU and its arrays put on the default device, where that is an
-    accelerator's: a TPU compiles each program for seconds (one agent's initialisation took 5.8 s on a TPU v5e,
-    0.7 s on its host; several agents' are operations compiled one by one), and the same seed then starts from the
-    same bits on every platform. On a CPU, or where jax has no CPU backend, ``make()`` as it is."""
-    target = jax.config.jax_default_device or jax.devices()[0]  # pyright: ignore[reportAttributeAccessIssue]
-    if isinstance(target, str) or target.platform == "cpu":
+    accelerator's (``platform``: the default device's, read from jax where not given): a TPU compiles each program
+    for seconds (one agent's initialisation took 5.8 s on a TPU v5e, 0.7 s on its host; several agents' are
+    operations compiled one by one), and the same seed then starts from the same bits on every platform. On a CPU,
+    or where jax has no CPU backend, ``make()`` as it is."""
+    if platform is None:
+        target = jax.config.jax_default_device or jax.devices()[0]  # pyright: ignore[reportAttributeAccessIssue]
+        platform = target if isinstance(target, str) else target.platform
+    if platform == "cpu":
         return make()
     try:
         cpu = jax.devices("cpu")[0]
