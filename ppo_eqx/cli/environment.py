@@ -115,7 +115,9 @@ def use_compilation_cache() -> Path | None:
 
     if jax.default_backend() != "tpu" or jax.config.jax_compilation_cache_dir:  # pyright: ignore[reportAttributeAccessIssue]
         return None
-    path = Path(os.environ.get("PPO_EQX_CACHE") or Path.home() / ".cache" / "ppo_eqx") / "xla"
+    from ..host.kernel_build import cache_root
+
+    path = cache_root() / "xla"
     jax.config.update("jax_compilation_cache_dir", str(path))
     return path
 

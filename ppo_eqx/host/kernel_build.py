@@ -103,8 +103,13 @@ def library_path(isa: str = "native") -> Path:
     not)."""
     parts = [SOURCE.read_bytes(), f"-march={MARCH[isa]} {' '.join(FLAGS)}".encode(), jaxlib.__version__.encode()]
     key = hashlib.sha256(b"\0".join([*parts, _cpu_flags().encode()])).hexdigest()[:16]
-    cache = Path(os.environ.get("PPO_EQX_CACHE") or Path.home() / ".cache" / "ppo_eqx")
-    return cache / f"cpu_kernel-{key}.so"
+    return cache_root() / f"cpu_kernel-{key}.so"
+
+
+def cache_root() -> Path:
+    """Where ppo_eqx keeps what it builds for this machine (the kernel here, a TPU's compiled programs in ``xla/``):
+    ``$PPO_EQX_CACHE``, default ``~/.cache/ppo_eqx``."""
+    return Path(os.environ.get("PPO_EQX_CACHE") or Path.home() / ".cache" / "ppo_eqx")
 
 
 def build(path: Path, march: str = "native") -> None:
