@@ -4,11 +4,9 @@ Trainer, Ctrl-C and SIGTERM, checkpoints at segment boundaries, and how it ends.
 import argparse
 import contextlib
 import dataclasses
-import math
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -16,7 +14,6 @@ from typing import Any
 
 import jax
 from jax.sharding import Mesh
-from tqdm import tqdm
 
 from ..config import PPOConfig
 from ..core.networks import ConvRoute
@@ -32,6 +29,7 @@ from ..host.run_dir import METRICS, SUMMARY, RunDirectory, never_trained
 from ..host.trainer import Trainer
 from .interrupts import EARLY, SIGNALS, exit_status, say
 from .plan import Plan
+from .progress import Progress, mean_return
 from .schedule import checkpoint_reason, is_boundary, stops_after
 from .stopwatch import STARTUP
 from .writers import WandbRun, Writers
@@ -54,15 +52,6 @@ class _StopRequest:
         if self.signal is not None:
             raise KeyboardInterrupt
         self.signal = signal.Signals(signum).name
-
-
-def _format_eta(seconds: float) -> str:
-    return time.strftime("%H:%M:%S", time.gmtime(seconds)) if math.isfinite(seconds) else "?"
-
-
-def _mean_return(records: list[dict[str, Any]]) -> float:
-    returns = [r["episodic_return"] for r in records if math.isfinite(r.get("episodic_return", math.nan))]
-    return sum(returns) / len(returns) if returns else math.nan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,8 +117,7 @@ class Supervisor:
         self.thread_errors: list[BaseException] = []
         self.time_offset = 0.0 if plan.resume is None else float(plan.resume.metadata.get("time_elapsed", 0.0))
         self.records: list[dict[str, Any]] = []
-        self._unshown: list[list[dict[str, Any]]] = []  # written to the writers, not yet flushed and shown
-        self._bar: Any = None
+        self._progress: Progress | None = None  # while the loop runs
 
     @property
     def trainer(self) -> Trainer:
@@ -252,18 +240,11 @@ class Supervisor:
         self.say(f"ppo-eqx: {STARTUP.line()}")
 
     def _loop(self) -> None:
-        config = self.config
-        bar = tqdm(
-            total=config.num_iterations * config.batch_size,
-            initial=self.plan.start_iteration * config.batch_size,
-            unit="step",
-            unit_scale=True,
-            disable=not self.options.progress or not self.writes,
-            dynamic_ncols=True,
-            mininterval=1.0,
+        progress, writes = self.options.progress, self.writes
+        self._progress = Progress(
+            self.config, self.plan.start_iteration, bar=progress and writes, lines=not progress and writes
         )
         try:
-            self._bar = bar
             loop = run_agents(self.trainer, pause=self._pause, time_offset=self.time_offset, after_program=self._flush)
             for records in loop:
                 self._write(records)
@@ -279,7 +260,7 @@ class Supervisor:
             kept = f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint else self._kept()
             raise FloatingPointError(f"{error}; {kept}") from None
         finally:
-            bar.close()
+            self._progress.close()
 
     def _write(self, records: list[dict[str, Any]], *, show: bool = True) -> None:
         """An iteration's records, held by the writers until ``_flush``, and shown then."""
@@ -287,8 +268,8 @@ class Supervisor:
         if self.directory is not None and not self.directory.in_place():  # moved, or its link repointed
             self.stop.signal = self.stop.signal or MOVED
         self.writers.write(records)
-        if show:
-            self._unshown.append(records)
+        if show and self._progress is not None:
+            self._progress.hold(records)
         self._check_threads()
 
     def _flush(self) -> None:
@@ -301,10 +282,8 @@ class Supervisor:
             raise RunError(
                 f"could not write the metrics of iteration {iteration}: {error.strerror or error}; {self._kept()}"
             ) from None
-        unshown, self._unshown = self._unshown, []
-        for records in unshown:
-            if self._bar is not None:
-                self._show(self._bar, records)
+        if self._progress is not None:
+            self._progress.show()
 
     def _check_threads(self) -> None:
         if self.thread_errors:
@@ -333,19 +312,6 @@ class Supervisor:
                 return "no checkpoint was written and nothing was kept; the same command fails the same way here"
             return "no checkpoint was written and nothing was kept: run the same command again"
         return f"no checkpoint was written: start the run afresh with --overwrite (its metrics in {run_dir} go with it)"
-
-    def _show(self, bar: Any, records: list[dict[str, Any]]) -> None:
-        # Progress counts every agent's steps; the return shown is the mean over agents.
-        config, record = self.config, records[0]
-        sps = record["sps"] * config.num_agents
-        bar.update(config.batch_size)
-        bar.set_postfix(sps=f"{sps:.0f}", ret=f"{_mean_return(records):.1f}")
-        if not self.options.progress and self.writes:
-            left = (config.num_iterations - record["iteration"]) * config.batch_size / record["sps"]
-            say(
-                f"step {record['global_step']} sps {sps:.0f} episodic_return {_mean_return(records):.2f} "
-                f"time left {_format_eta(left)}"
-            )
 
     def _boundary(self, iteration: int) -> bool:
         config = self.config
@@ -432,7 +398,7 @@ class Supervisor:
         record = records[0]
         self.say(
             f"ppo-eqx: done, {record['global_step']} steps{_agents(config)} in {record['time_elapsed']:.0f} s, "
-            f"episodic_return {_mean_return(records):.2f}"
+            f"episodic_return {mean_return(records):.2f}"
         )
         return 0
 
