@@ -160,11 +160,15 @@ def test_actions_closed_over_in_a_jitted_function_are_checked_on_the_host():
     width=st.integers(1, 70),
     wide=st.booleans(),
     seed=st.integers(0, 2**16),
+    small_as_words=st.booleans(),
 )
 @settings(max_examples=25, deadline=None)
-def test_row_taker_takes_each_fields_rows_bit_for_bit(rows: int, width: int, wide: bool, seed: int) -> None:
+def test_row_taker_takes_each_fields_rows_bit_for_bit(
+    rows: int, width: int, wide: bool, seed: int, small_as_words: bool
+) -> None:
     """The packed gather gives each field's own rows, bits and dtypes unchanged: NaN, -0.0 and int32 actions
-    included, a field too wide to pack (frames) and a bool field taken on their own."""
+    included; bytes and bfloat16 whose rows are whole words, packed or (too wide) taken as words on their own; rows
+    of bytes that are not whole words, and a bool field, taken on their own."""
     rng = np.random.default_rng(seed)
     values = rng.standard_normal(rows).astype(np.float32)
     values[0], values[-1] = np.nan, -0.0
@@ -173,10 +177,12 @@ def test_row_taker_takes_each_fields_rows_bit_for_bit(rows: int, width: int, wid
         "actions": rng.integers(-(2**31), 2**31 - 1, rows, dtype=np.int32),
         "values": values,
         "frames": rng.integers(0, 255, (rows, 3, 5) if wide else (rows, 2), dtype=np.uint8),
+        "words_of_bytes": rng.integers(0, 255, (rows, 4, 6) if wide else (rows, 4), dtype=np.uint8),
+        "grid": rng.standard_normal((rows, 10, 10, 4) if wide else (rows, 3, 2)).astype(jnp.bfloat16),
         "done": rng.random(rows) < 0.5,
     }
     index = rng.permutation(rows)[: max(1, rows // 2)].astype(np.int32)
-    taken = jax.jit(lambda batch, i: row_taker(batch)(i))(fields, index)
+    taken = jax.jit(lambda batch, i: row_taker(batch, small_as_words=small_as_words)(i))(fields, index)
     for name, field in fields.items():
         want = field[index]
         assert taken[name].dtype == field.dtype and taken[name].shape == want.shape, name
@@ -196,3 +202,36 @@ def test_row_taker_gathers_the_narrow_fields_once() -> None:
     )
     jaxpr = jax.make_jaxpr(lambda i: row_taker(batch)(i))(jnp.arange(8, dtype=jnp.int32))
     assert str(jaxpr).count("gather[") == 2
+
+
+def test_row_taker_gathers_rows_of_words() -> None:
+    """Off the CPU, every gather takes rows of one flat run of uint32 words (a TPU gathered MinAtar's [rows, 10, 10,
+    4] bfloat16 grids in a layout 60 times slower): the grids' own gather and the packed one, each of a 2-D operand;
+    on a CPU the grids' rows are flattened, in their own type."""
+    rows = 32
+    batch = Batch(
+        obs=jnp.zeros((rows, 10, 10, 4), jnp.bfloat16),
+        actions=jnp.zeros(rows, jnp.int32),
+        logprobs=jnp.zeros(rows),
+        values=jnp.zeros(rows),
+        advantages=jnp.zeros(rows),
+        returns=jnp.zeros(rows),
+    )
+    jaxpr = jax.make_jaxpr(lambda i: row_taker(batch, small_as_words=True)(i))(jnp.arange(8, dtype=jnp.int32))
+    gathers = [e.invars[0].aval for e in _equations(jaxpr.jaxpr) if e.primitive.name == "gather"]
+    assert [(str(g.dtype), g.shape) for g in gathers] == [("uint32", (rows, 200)), ("uint32", (rows, 5))]
+    jaxpr = jax.make_jaxpr(lambda i: row_taker(batch, small_as_words=False)(i))(jnp.arange(8, dtype=jnp.int32))
+    gathers = [e.invars[0].aval for e in _equations(jaxpr.jaxpr) if e.primitive.name == "gather"]
+    assert [(str(g.dtype), g.shape) for g in gathers] == [("bfloat16", (rows, 400)), ("uint32", (rows, 5))]
+
+
+def _equations(jaxpr: Any) -> list[Any]:
+    """Every equation of ``jaxpr`` and of the jaxprs inside it (``jnp.take`` is a jitted call of its own)."""
+    found = []
+    for eqn in jaxpr.eqns:
+        found.append(eqn)
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if hasattr(inner, "eqns"):
+                found += _equations(inner)
+    return found
