@@ -209,6 +209,33 @@ def test_a_run_resumed_at_any_iteration_in_chunks_of_any_size_is_the_uninterrupt
 
 
 @pytest.mark.compile
+def test_a_held_checkpoint_is_the_paused_runs_while_the_next_program_runs():
+    """At a segment's end ``hold`` keeps a copy of the state and the next program is dispatched at once: the
+    checkpoint read while that iteration's records are taken is the one a run paused there reads, bit for bit, and
+    the records are the paused run's."""
+    config = GYMNAX_RUN.replace(checkpoint_every=3, num_seeds=2)
+    boundary = lambda i: i % 3 == 0  # noqa: E731
+
+    def taken(trainer: Trainer, **kwargs) -> tuple[list, dict, dict]:
+        rows, checkpoints, ahead = [], {}, {}
+        for rs in run_agents(trainer, **kwargs):
+            rows.append([{k: v for k, v in r.items() if k not in ("sps", "time_elapsed")} for r in rs])
+            k = rs[0]["iteration"]
+            if boundary(k) and k < config.num_iterations:
+                assert trainer.state_iteration == k
+                checkpoints[k], ahead[k] = jax.device_get(trainer.checkpoint()), trainer.iteration
+        return rows, checkpoints, ahead
+
+    with Trainer(config) as paused:
+        want_rows, want, stood = taken(paused, pause=boundary)
+    with Trainer(config) as held:
+        rows, got, ahead = taken(held, hold=boundary)
+        assert held.state_iteration == held.iteration == config.num_iterations  # released
+    assert stood == {3: 3, 6: 6} and ahead == {3: 4, 6: 7}
+    assert repr(rows) == repr(want_rows) and leaves_equal(got, want)  # repr: NaN (no episode ended yet) as itself
+
+
+@pytest.mark.compile
 def test_many_iterations_a_dispatch_compute_what_one_a_dispatch_does():
     config = GYMNAX_RUN.replace(env_id="Breakout-MinAtar", num_steps=8, total_timesteps=5 * 32)
     with Trainer(config) as one:

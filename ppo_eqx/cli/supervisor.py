@@ -245,7 +245,13 @@ class Supervisor:
             self.config, self.plan.start_iteration, bar=progress and writes, lines=not progress and writes
         )
         try:
-            loop = run_agents(self.trainer, pause=self._pause, time_offset=self.time_offset, after_program=self._flush)
+            loop = run_agents(
+                self.trainer,
+                pause=self._pause,
+                hold=self._boundary,
+                time_offset=self.time_offset,
+                after_program=self._flush,
+            )
             for records in loop:
                 self._write(records)
                 iteration = int(records[0]["iteration"])
@@ -318,16 +324,18 @@ class Supervisor:
         return is_boundary(iteration, checkpoint_every=config.checkpoint_every, num_iterations=config.num_iterations)
 
     def _pause(self, iteration: int) -> bool:
-        """Whether the loop must leave the state of ``iteration`` in place (not dispatch the next one): a
-        checkpoint follows it. With several processes the stop request is agreed on here, by all of them."""
+        """Whether the loop must leave the state of ``iteration`` in place (not dispatch the next one): a stop was
+        requested, and its checkpoint follows. A segment's end needs only a copy (``run_agents``'s ``hold``: the
+        boundary's checkpoint is then written while the next program runs). With several processes the stop request
+        is agreed on here, by all of them."""
         if self.mesh is not None and any_process(self.stop.signal is not None):  # all processes stop together
             self.stop.signal = self.stop.signal or "stop"
-        return self._boundary(iteration) or self.stop.signal is not None
+        return self.stop.signal is not None
 
     def _state_is_of(self, iteration: int) -> bool:
-        """Whether the trainer's state is that of ``iteration`` (not of a program dispatched after it): a stop
-        requested while the next iteration was under way waits for that one's records."""
-        return self.trainer.iteration == iteration
+        """Whether the trainer's checkpoint is that of ``iteration`` (its state, or the copy it holds; not a program's
+        dispatched after it): a stop requested while the next iteration was under way waits for that one's records."""
+        return self.trainer.state_iteration == iteration
 
     def _save_if_due(self, iteration: int) -> None:
         """A checkpoint at segment boundaries, at the end, and on a stop request (``schedule``)."""

@@ -57,6 +57,7 @@ def run_agents(
     *,
     num_iterations: int | None = None,
     pause: Callable[[int], bool] | None = None,
+    hold: Callable[[int], bool] | None = None,
     time_offset: float = 0.0,
     after_program: Callable[[], None] | None = None,
 ) -> Iterator[list[dict[str, float]]]:
@@ -68,7 +69,10 @@ def run_agents(
     The loop never waits for the device between programs: the program after the one ending at iteration k is
     dispatched before k's metrics are read, unless ``pause(k)`` is True (the caller will read the state after k:
     a checkpoint), in which case ``trainer.state`` is that of iteration k when k's records are yielded, or the
-    program runs a host loop (``Dispatch.overlaps``). Each record's ``sps`` is its iteration's own. Otherwise
+    program runs a host loop (``Dispatch.overlaps``). ``hold(k)`` True asks for k's state as a checkpoint only:
+    where the trainer can keep a copy (``Trainer.holds``), it holds one (``Trainer.hold``: ``checkpoint()`` is k's
+    while k's records are yielded) and the next program runs meanwhile; elsewhere the loop pauses as for ``pause``.
+    Each record's ``sps`` is its iteration's own. Otherwise
     it may be ahead (``trainer.iteration``): keep iterating to receive those iterations' records. With programs of
     several iterations, ``pause`` is asked at each program's end, and their records come together after it; each
     program runs as many of its iterations as take about ``DISPATCH_SECONDS`` at the pace measured so far (one, the
@@ -78,37 +82,51 @@ def run_agents(
     """
     if trainer.closed:
         raise RuntimeError("this Trainer is closed (its envs and programs are gone); make a new one")
-    config, pause = trainer.config, pause or (lambda iteration: False)
+    config, pause, hold = trainer.config, pause or _never, hold or _never
     start = last = time.perf_counter()
     total = config.num_iterations if num_iterations is None else num_iterations
     pace = _Pace()
     pending = trainer.dispatch(total, most=pace.most()) if trainer.iteration < total else None
-    while pending is not None:
-        end = pending.end
-        # When the program ended: before the next is dispatched if it is done by then (a backend that ran it within
-        # its dispatch, as XLA:CPU does with EnvPool's step), else once its metrics arrive.
-        before_ahead = time.perf_counter()
-        done = all(leaf.is_ready() for leaf in jax.tree.leaves(pending.metrics))
-        paused = end < total and pause(end)
-        # A program whose dispatch runs a host loop is followed once its metrics are read: the next one's loop waits
-        # for its update anyway, and its time ends where its update does, not after the next one's rollout.
-        ahead = trainer.dispatch(total, most=pace.most()) if end < total and not paused and pending.overlaps else None
-        rows = pending.rows(jax.device_get(pending.metrics))
-        now = before_ahead if done else time.perf_counter()
-        pace.measured(now - last, pending.count)
-        for iteration, metrics in enumerate(rows, start=end - pending.count + 1):
-            finite = np.asarray(metrics.pop(FINITE)).all()
-            records = agent_records(config, iteration, metrics, (now - last) / pending.count)
-            for record in records:
-                record["time_elapsed"] = now - start + time_offset
-            _check_finite(config, iteration, records, bool(finite))
-            yield records
-        if after_program is not None:
-            after_program()
-        last = now
-        if ahead is None and trainer.iteration < total:
-            ahead = trainer.dispatch(total, most=pace.most())
-        pending = ahead
+    try:
+        while pending is not None:
+            end = pending.end
+            # When the program ended: before the next is dispatched if it is done by then (a backend that ran it
+            # within its dispatch, as XLA:CPU does with EnvPool's step), else once its metrics arrive.
+            before_ahead = time.perf_counter()
+            done = all(leaf.is_ready() for leaf in jax.tree.leaves(pending.metrics))
+            paused = end < total and pause(end)
+            if end < total and not paused and hold(end):
+                if trainer.holds and pending.overlaps:
+                    trainer.hold()
+                else:
+                    paused = True
+            # A program whose dispatch runs a host loop is followed once its metrics are read: the next one's loop
+            # waits for its update anyway, and its time ends where its update does, not after the next one's rollout.
+            overlap = end < total and not paused and pending.overlaps
+            ahead = trainer.dispatch(total, most=pace.most()) if overlap else None
+            rows = pending.rows(jax.device_get(pending.metrics))
+            now = before_ahead if done else time.perf_counter()
+            pace.measured(now - last, pending.count)
+            for iteration, metrics in enumerate(rows, start=end - pending.count + 1):
+                finite = np.asarray(metrics.pop(FINITE)).all()
+                records = agent_records(config, iteration, metrics, (now - last) / pending.count)
+                for record in records:
+                    record["time_elapsed"] = now - start + time_offset
+                _check_finite(config, iteration, records, bool(finite))
+                yield records
+            trainer.release()
+            if after_program is not None:
+                after_program()
+            last = now
+            if ahead is None and trainer.iteration < total:
+                ahead = trainer.dispatch(total, most=pace.most())
+            pending = ahead
+    finally:
+        trainer.release()
+
+
+def _never(iteration: int) -> bool:
+    return False
 
 
 DISPATCH_SECONDS = 10.0

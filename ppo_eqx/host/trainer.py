@@ -102,6 +102,9 @@ class Trainer:
     context manager, or call ``close()`` when done.
     """
 
+    _held: tuple[int, Checkpoint] | None = None
+    """The iteration and checkpoint that ``hold()`` kept, until ``release()``."""
+
     def __init__(
         self,
         config: PPOConfig,
@@ -256,8 +259,34 @@ class Trainer:
         return getattr(self, "_closed", False)
 
     def checkpoint(self) -> Checkpoint:
-        """The state to save now; the next ``dispatch()`` donates its arrays, so save it before."""
+        """The state to save now (the one ``hold()`` kept, while it holds one); the next ``dispatch()`` donates the
+        state's arrays, so save it before, or hold it."""
+        if self._held is not None:
+            return self._held[1]
         return self.placement.checkpoint(self.state, self._segment.collector)
+
+    @property
+    def holds(self) -> bool:
+        """Whether ``hold()`` can keep the state: where the env state is data (gymnax), not live envs."""
+        return self.backend.state_is_data
+
+    def hold(self) -> None:
+        """Keep a copy of the state now (``self.iteration``'s), in buffers of its own on its devices, as what
+        ``checkpoint()`` returns until ``release()``: the next program may be dispatched before the checkpoint is
+        saved (a run's writes then overlap its programs). Only where ``holds``."""
+        if not self.holds:
+            raise RuntimeError(f"{self.backend.name}'s envs are live, not data: their state cannot be held")
+        checkpoint = self.placement.checkpoint(self.state, self._segment.collector)
+        self._held = (self.iteration, jax.tree.map(_copy, checkpoint))
+
+    def release(self) -> None:
+        """Drop the state ``hold()`` kept (if any)."""
+        self._held = None
+
+    @property
+    def state_iteration(self) -> int:
+        """The iteration of the state ``checkpoint()`` returns now: the held one's, else ``iteration``."""
+        return self.iteration if self._held is None else self._held[0]
 
     def close(self) -> None:
         """Wait for the program under way (it steps this trainer's envs, which go with it), stop preparing envs
