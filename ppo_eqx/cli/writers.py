@@ -5,6 +5,7 @@ lock holds)."""
 
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -14,6 +15,8 @@ import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from ..config import PPOConfig
 from ..errors import RunError
@@ -84,11 +87,9 @@ class EventsFile:
         self.write_records([event.SerializeToString()])
 
     def scalars(self, step: int, values: dict[str, float]) -> bytes:
-        """One event holding every ``tag: value`` at ``step``, serialised (``write_records`` writes it)."""
-        from tensorboardX.proto.summary_pb2 import Summary  # pyright: ignore[reportAttributeAccessIssue]
-
-        summary = Summary(value=[Summary.Value(tag=tag, simple_value=value) for tag, value in values.items()])
-        return self._event(wall_time=time.time(), step=step, summary=summary).SerializeToString()
+        """One event holding every ``tag: value`` at ``step``, serialised (``write_records`` writes it):
+        ``scalars_event``."""
+        return scalars_event(time.time(), step, values)
 
     def text(self, tag: str, text: str) -> None:
         from tensorboardX.summary import text as text_summary
@@ -97,6 +98,40 @@ class EventsFile:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _varint(n: int) -> bytes:
+    """Protocol Buffers' base-128 varint of ``n`` (a negative int64 as its two's complement, ten bytes)."""
+    n &= (1 << 64) - 1
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _value_head(tag: str) -> bytes:
+    """A ``Summary.value`` entry up to its float: the entry's key and length, the ``tag`` field, the float's key."""
+    name = tag.encode()
+    value = b"\x0a" + _varint(len(name)) + name + b"\x15"  # Value.tag (1, bytes), Value.simple_value (2, fixed32)
+    return b"\x0a" + _varint(len(value) + 4) + value  # Summary.value (1, bytes)
+
+
+def scalars_event(wall_time: float, step: int, values: dict[str, float]) -> bytes:
+    """A TensorBoard ``Event`` (wall_time, step, a ``Summary`` of one ``simple_value`` per tag), serialised by hand:
+    the bytes parse as the message protobuf builds from the same fields (each value rounded to float32 as there,
+    a finite one beyond float32's range as an infinity) at a fifth of its cost, which a run writes for every agent
+    and iteration (250,000 rows for 256 CartPole agents)."""
+    try:
+        floats = struct.pack(f"<{len(values)}f", *values.values())
+    except OverflowError:  # a finite double beyond float32's range: protobuf's infinity
+        with np.errstate(over="ignore"):
+            floats = np.asarray(list(values.values()), np.float32).tobytes()
+    summary = b"".join(_value_head(tag) + floats[4 * i : 4 * i + 4] for i, tag in enumerate(values))
+    # Event.wall_time (1, fixed64), Event.step (2, varint), Event.summary (5, bytes).
+    return b"\x09" + struct.pack("<d", wall_time) + b"\x10" + _varint(step) + b"\x2a" + _varint(len(summary)) + summary
 
 
 def open_appending(fd: int) -> Any:
