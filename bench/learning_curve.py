@@ -175,9 +175,11 @@ def seed_curve(run: Run, run_dir: Path) -> dict[str, Any]:
 
 
 def describe_hardware(hardware: dict[str, Any] | None) -> str:
-    """ "2-core CPU" (or the GPU's name) from a run's hardware.json."""
+    """ "2-core CPU" (or the accelerator, "1 x TPU v5 lite", or the GPU's name) from a run's hardware.json."""
     if not hardware:
         return "hardware unknown"
+    if hardware.get("accelerator"):
+        return str(hardware["accelerator"])
     if hardware.get("gpu_name"):
         return str(hardware["gpu_name"])
     cores = hardware.get("cpu_count")

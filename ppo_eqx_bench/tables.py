@@ -229,7 +229,7 @@ def machine_of(hardware: Mapping[str, Any] | None) -> str:
     """A run's machine in words: its GPU (else its CPU) and the runs that shared it (``runs_at_once``)."""
     if not hardware:
         return "unknown machine"
-    device = hardware.get("gpu_name") or hardware.get("cpu_model") or "unknown machine"
+    device = hardware.get("accelerator") or hardware.get("gpu_name") or hardware.get("cpu_model") or "unknown machine"
     at_once = hardware.get("runs_at_once") or 1
     return f"{device}, {at_once} run{'s' if at_once != 1 else ''} at once"
 

@@ -4,6 +4,7 @@ import json
 import os
 import platform
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,7 @@ def test_hardware_info_has_every_field(monkeypatch: pytest.MonkeyPatch) -> None:
         *cpu_info(),
         "cpu_count",
         "gpu_name",
+        "accelerator",
         "jax_version",
         "jaxlib_version",
         "envpool_version",
@@ -153,6 +155,16 @@ def test_hardware_info_has_every_field(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PPO_EQX_RUNS_AT_ONCE", "8")
     assert hardware_info()["runs_at_once"] == 8
     json.dumps(info)  # what run directories store
+
+
+def test_an_accelerator_is_named_by_its_count_and_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TPU (which ``gpu_name`` does not name) is recorded: how many JAX sees, and their kind."""
+    from ppo_eqx.cli import hardware
+
+    tpu, cpu = types.SimpleNamespace(platform="tpu", device_kind="TPU v5 lite"), types.SimpleNamespace(platform="cpu")
+    monkeypatch.setattr(hardware, "_devices", lambda: [tpu, tpu, cpu])
+    info = hardware_info()
+    assert info["accelerator"] == "2 x TPU v5 lite" and info["gpu_name"] is None
 
 
 def test_hardware_info_without_a_route_or_flags(monkeypatch: pytest.MonkeyPatch) -> None:

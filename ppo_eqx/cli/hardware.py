@@ -107,18 +107,29 @@ def cpu_info(cpuinfo: Path = CPUINFO) -> dict[str, Any]:
     }
 
 
-def _gpu_name() -> str | None:
-    """device_kind of the first GPU JAX sees, or None without one (or without a working jax)."""
+def _devices() -> list[Any]:
+    """The devices JAX sees ([] without a working jax)."""
     try:
         import jax  # lazily: reading the hardware of a CPU-only machine should not need a backend
     except ImportError:
-        return None
+        return []
     try:
-        devices = jax.devices()
+        return list(jax.devices())
     except RuntimeError:
-        return None
+        return []
+
+
+def _gpu_name(devices: list[Any]) -> str | None:
+    """device_kind of the first GPU of ``devices``, or None without one."""
     gpus = [device for device in devices if device.platform in ("gpu", "cuda", "rocm")]
     return gpus[0].device_kind if gpus else None
+
+
+def _accelerator(devices: list[Any]) -> str | None:
+    """The accelerators of ``devices``, e.g. "1 x TPU v5 lite" (their count and the first one's device_kind), or
+    None where JAX sees only CPUs."""
+    others = [device for device in devices if device.platform != "cpu"]
+    return f"{len(others)} x {others[0].device_kind}" if others else None
 
 
 def kernel_isa(conv_impl: str | None) -> str | None:
@@ -135,6 +146,7 @@ def hardware_info(conv_impl: str | None = None) -> dict[str, Any]:
     """A JSON-serialisable description of this machine and of the versions that time a run.
 
     Keys: those of ``cpu_info()``, cpu_count (logical CPUs, os.cpu_count()), gpu_name (None without a GPU),
+    accelerator (``"1 x TPU v5 lite"``: the count and kind of the devices JAX sees that are not CPUs, else None),
     jax_version, jaxlib_version, envpool_version and ale_py_version (None when not installed), python_version,
     platform, xla_flags (the XLA_FLAGS environment variable, which can cap XLA's vector ISA; None when unset) and
     conv_impl (the convolution route the run used, as its caller resolved it; None when not given), kernel_isa
@@ -142,10 +154,12 @@ def hardware_info(conv_impl: str | None = None) -> dict[str, Any]:
     (how many runs shared the machine, where ``bench/atari57.py`` said so).
     EnvPool and ALE are never imported: their versions come from the package metadata.
     """
+    devices = _devices()
     return {
         **cpu_info(),
         "cpu_count": os.cpu_count(),
-        "gpu_name": _gpu_name(),
+        "gpu_name": _gpu_name(devices),
+        "accelerator": _accelerator(devices),
         "jax_version": _package_version("jax"),
         "jaxlib_version": _package_version("jaxlib"),
         "envpool_version": _package_version("envpool"),
