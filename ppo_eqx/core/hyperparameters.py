@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float
 
 from ..settings import Hyperparameters as Hyperparameters
@@ -46,8 +46,9 @@ class AgentHyperparameters(eqx.Module):
 
         def column(field: dataclasses.Field) -> Array:
             values = [getattr(agent, field.name) for agent in agents]
-            dtype = jnp.bool_ if field.type is bool else jnp.float32
-            return jnp.asarray(values[0] if values.count(values[0]) == len(values) else values, dtype)
+            dtype = np.bool_ if field.type is bool else np.float32
+            # Made by NumPy and put on the device (a transfer): jnp's conversion would be a program compiled there.
+            return jax.device_put(np.asarray(values[0] if values.count(values[0]) == len(values) else values, dtype))
 
         return cls(**{field.name: column(field) for field in dataclasses.fields(Hyperparameters)})
 

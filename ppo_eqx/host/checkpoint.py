@@ -27,7 +27,6 @@ import numpy as np
 from ..config import INT32_MAX, PPOConfig
 from ..core.envs import EnvSpec
 from ..core.envs.normalize import NormalizedHandle
-from ..core.iteration import all_finite
 from ..core.networks import ConvRoute
 from ..core.state import Checkpoint, ModelFactory
 from ..core.update import OptimizerFactory
@@ -113,7 +112,7 @@ def save_checkpoint(
             f"keep={keep!r}; allowed: an integer >= 1 (the newest checkpoints to keep, this one among them)"
         )
     _check_fits(checkpoint, config, spec)
-    if not bool(all_finite((checkpoint.model, checkpoint.opt_state))):
+    if not finite_here((checkpoint.model, checkpoint.opt_state)):
         raise FloatingPointError(f"refusing to checkpoint non-finite parameters at iteration {checkpoint.iteration}")
     if isinstance(run_dir, RunDirectory):
         return _save_into(run_dir, checkpoint, config, spec, keep=keep, extra=extra)
@@ -429,12 +428,22 @@ def load_checkpoint(
     return checkpoint
 
 
+def finite_here(tree: Any) -> bool:
+    """Whether every floating-point array of ``tree`` is finite (no NaN, no inf), read on the host, in one transfer
+    (``core.iteration.all_finite`` computed where the arrays are would be a program compiled there: seconds on a
+    TPU, where a checkpoint fetches them anyway)."""
+    arrays = [
+        x for x in jax.tree.leaves(eqx.filter(tree, eqx.is_array)) if jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+    ]
+    return all(bool(np.isfinite(np.asarray(x)).all()) for x in jax.device_get(arrays))
+
+
 def untrusted(checkpoint: Checkpoint) -> str | None:
     """What in ``checkpoint`` cannot be trained or played from, in words: parameters or optimizer state that are not
     finite, or normalisation statistics that are not (a mean, a variance or a count of NaN or inf) or impossible (a
     negative variance, a count not above 0); None where all is well. A file whose hash was forged to match
     (``read_checkpoint`` checks the bytes, not what they mean) is refused here."""
-    if not bool(all_finite((checkpoint.model, checkpoint.opt_state))):
+    if not finite_here((checkpoint.model, checkpoint.opt_state)):
         return "parameters or optimizer state that are not finite (NaN or inf)"
     handle = getattr(getattr(checkpoint, "envs", None), "handle", None)
     if not isinstance(handle, NormalizedHandle):

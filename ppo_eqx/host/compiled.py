@@ -36,6 +36,7 @@ class OwnJit:
         self._fn, self._donate, self._max_traces = fn, donate, max_traces
         self._box: dict[str, Any] = {"traces": 0}
         self._jit: Any = None
+        self._called = False
 
     def _make(self, count: int) -> Any:
         box, fn, name, max_traces = self._box, self._fn, self._name, self._max_traces
@@ -68,11 +69,16 @@ class OwnJit:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=DONATION_UNUSED)
             arrays = self._jit(*dynamic)
+        self._called = True
         return eqx.combine(arrays, self._box["out"])
 
     def compile(self, *args: Any) -> None:
         """Compile the program for arguments like these (arrays, or ``jax.ShapeDtypeStruct`` for what is not
-        computed yet) ahead of the first call, which then runs it without a trace."""
+        computed yet) ahead of the first call, which then runs it without a trace. Nothing once it has been called:
+        its call compiled it (jax's ahead-of-time compile would compile it again, seconds on a TPU), and arguments
+        of other shapes would raise at their call."""
+        if self._called:
+            return
         dynamic = self._split(args)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=DONATION_UNUSED)

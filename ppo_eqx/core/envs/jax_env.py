@@ -127,7 +127,8 @@ class JaxEnv:
         if render:
             raise ConfigError(f"{self.env_id}: envs written in JAX do not render screens here; allowed: no video")
         spec = self.spec()
-        handle, first_obs = self._reset_program(jnp.asarray(seeds, jnp.uint32))  # one program, compiled once
+        seeds_here = jax.device_put(np.asarray(seeds, np.uint32))  # a transfer, not a conversion compiled there
+        handle, first_obs = self._reset_program(seeds_here)  # one program, compiled once
         return Pool(spec, handle, self.step, first_obs, lambda: None, self._no_render)
 
     def _no_render(self, i: int) -> np.ndarray:
@@ -229,10 +230,11 @@ class JaxEnv:
     def _check_shapes(self, spec: EnvSpec, shape: tuple[int, ...]) -> None:
         """Reset's and step's outputs traced: the observation of ``shape`` (the declared one), scalar rewards and
         flags, gymnax's arity, and a state that keeps its structure, shapes and dtypes."""
-        key = jax.random.PRNGKey(0)
+        # Shapes only, nothing computed: on an accelerator each array made here would be a program compiled there.
+        key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
         obs, state = self._traced("reset(key, params)", lambda k: _pair(self.env.reset(k, self.params), spec), key)
         _check_array(spec, "reset's observation", obs, shape)
-        action = jnp.zeros(self._action_shape, jnp.float32 if spec.continuous else jnp.int32)
+        action = jax.ShapeDtypeStruct(self._action_shape, jnp.float32 if spec.continuous else jnp.int32)
         step = self.env.step
         outputs = self._traced(
             "step(key, state, action, params)", lambda k, s, a: step(k, s, a, self.params), key, state, action
