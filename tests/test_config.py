@@ -75,10 +75,25 @@ def test_round_trip_through_a_dict():
         PPOConfig.from_dict({"env_id": "Pong-v5", "lr": 1.0})
 
 
+CLEANRL_PPO_PY = {
+    **CLEANRL,
+    "env_id": "CartPole-v1",
+    "total_timesteps": 500_000,
+    "num_envs": 4,
+    "clip_coef": 0.2,
+    "clip_vloss": True,
+}
+"""CleanRL's ppo.py's defaults (its argparse): the Atari script's but for these."""
+
+
 def test_vector_tasks_get_cleanrls_ppo_py_preset():
+    """Every setting of CleanRL's ppo.py, the value loss clipped among them, and its torch loss: advantages
+    standardised by the sample's std."""
     assert preset_for("frames") == {}
+    config = PPOConfig.for_task("CartPole-v1", env_backend="gymnax")
+    assert {name: getattr(config, name) for name in CLEANRL_PPO_PY} == CLEANRL_PPO_PY
+    assert config.loss == "cleanrl-torch"
     config = PPOConfig(**preset_for("vector"))
-    assert (config.total_timesteps, config.num_envs, config.clip_coef) == (500_000, 4, 0.2)
     # ppo_eqx's own: CartPole's iterations are short, so its envs are re-seeded (and recompiled) less often.
     assert (PPOConfig().checkpoint_every, config.checkpoint_every) == (200, 250)
 
