@@ -78,7 +78,9 @@ def run_agents(
     program runs as many of its iterations as take about ``DISPATCH_SECONDS`` at the pace measured so far (one, the
     first time), so that a stop request (Ctrl-C) is acted on within seconds however slow an env is.
     ``after_program()`` is called once a program's records have all been taken, before the loop waits again (the
-    command's writers write what they hold then).
+    command's writers write what they hold then). A program dispatched ahead that fails as it is dispatched (XLA:CPU
+    may run it there: a user's callback raising) raises once the records before it have been yielded (and a
+    checkpoint held for them taken).
     """
     if trainer.closed:
         raise RuntimeError("this Trainer is closed (its envs and programs are gone); make a new one")
@@ -102,8 +104,12 @@ def run_agents(
                     paused = True
             # A program whose dispatch runs a host loop is followed once its metrics are read: the next one's loop
             # waits for its update anyway, and its time ends where its update does, not after the next one's rollout.
-            overlap = end < total and not paused and pending.overlaps
-            ahead = trainer.dispatch(total, most=pace.most()) if overlap else None
+            ahead, failed = None, None
+            if end < total and not paused and pending.overlaps:
+                try:
+                    ahead = trainer.dispatch(total, most=pace.most())
+                except Exception as error:  # raised by its dispatch (XLA:CPU runs a program there): this one's first
+                    failed = error
             rows = pending.rows(jax.device_get(pending.metrics))
             now = before_ahead if done else time.perf_counter()
             pace.measured(now - last, pending.count)
@@ -117,6 +123,8 @@ def run_agents(
             trainer.release()
             if after_program is not None:
                 after_program()
+            if failed is not None:
+                raise failed
             last = now
             if ahead is None and trainer.iteration < total:
                 ahead = trainer.dispatch(total, most=pace.most())
