@@ -189,40 +189,37 @@ def test_row_taker_takes_each_fields_rows_bit_for_bit(
         assert np.asarray(taken[name]).tobytes() == want.tobytes(), name
 
 
+def _batch_of(obs: jax.Array) -> Batch:
+    """A Batch of ``obs`` with zeros in its five narrow fields."""
+    rows = obs.shape[0]
+    zeros = jnp.zeros(rows)
+    return Batch(
+        obs=obs, actions=jnp.zeros(rows, jnp.int32), logprobs=zeros, values=zeros, advantages=zeros, returns=zeros
+    )
+
+
+def _gathered(batch: Batch, **options: Any) -> list[tuple[str, tuple[int, ...]]]:
+    """The dtype and shape of what each gather of a minibatch of 8 rows takes from."""
+    jaxpr = jax.make_jaxpr(lambda i: row_taker(batch, **options)(i))(jnp.arange(8, dtype=jnp.int32))
+    return [
+        (str(e.invars[0].aval.dtype), e.invars[0].aval.shape)
+        for e in _equations(jaxpr.jaxpr)
+        if e.primitive.name == "gather"
+    ]
+
+
 def test_row_taker_gathers_the_narrow_fields_once() -> None:
     """A Batch of frames takes two gathers a minibatch (the frames', the five packed fields'), not six."""
-    rows = 32
-    batch = Batch(
-        obs=jnp.zeros((rows, 4, 84, 84), jnp.uint8),
-        actions=jnp.zeros(rows, jnp.int32),
-        logprobs=jnp.zeros(rows),
-        values=jnp.zeros(rows),
-        advantages=jnp.zeros(rows),
-        returns=jnp.zeros(rows),
-    )
-    jaxpr = jax.make_jaxpr(lambda i: row_taker(batch)(i))(jnp.arange(8, dtype=jnp.int32))
-    assert str(jaxpr).count("gather[") == 2
+    assert len(_gathered(_batch_of(jnp.zeros((32, 4, 84, 84), jnp.uint8)))) == 2
 
 
 def test_row_taker_gathers_rows_of_words() -> None:
     """Off the CPU, every gather takes rows of one flat run of uint32 words (a TPU gathered MinAtar's [rows, 10, 10,
     4] bfloat16 grids in a layout 60 times slower): the grids' own gather and the packed one, each of a 2-D operand;
     on a CPU the grids' rows are flattened, in their own type."""
-    rows = 32
-    batch = Batch(
-        obs=jnp.zeros((rows, 10, 10, 4), jnp.bfloat16),
-        actions=jnp.zeros(rows, jnp.int32),
-        logprobs=jnp.zeros(rows),
-        values=jnp.zeros(rows),
-        advantages=jnp.zeros(rows),
-        returns=jnp.zeros(rows),
-    )
-    jaxpr = jax.make_jaxpr(lambda i: row_taker(batch, small_as_words=True)(i))(jnp.arange(8, dtype=jnp.int32))
-    gathers = [e.invars[0].aval for e in _equations(jaxpr.jaxpr) if e.primitive.name == "gather"]
-    assert [(str(g.dtype), g.shape) for g in gathers] == [("uint32", (rows, 200)), ("uint32", (rows, 5))]
-    jaxpr = jax.make_jaxpr(lambda i: row_taker(batch, small_as_words=False)(i))(jnp.arange(8, dtype=jnp.int32))
-    gathers = [e.invars[0].aval for e in _equations(jaxpr.jaxpr) if e.primitive.name == "gather"]
-    assert [(str(g.dtype), g.shape) for g in gathers] == [("bfloat16", (rows, 400)), ("uint32", (rows, 5))]
+    batch = _batch_of(jnp.zeros((32, 10, 10, 4), jnp.bfloat16))
+    assert _gathered(batch, small_as_words=True) == [("uint32", (32, 200)), ("uint32", (32, 5))]
+    assert _gathered(batch, small_as_words=False) == [("bfloat16", (32, 400)), ("uint32", (32, 5))]
 
 
 def _equations(jaxpr: Any) -> list[Any]:
