@@ -90,10 +90,9 @@ def test_vector_tasks_get_cleanrls_ppo_py_preset():
     """Every setting of CleanRL's ppo.py, the value loss clipped among them, and its torch loss: advantages
     standardised by the sample's std."""
     assert preset_for("frames") == {}
-    config = PPOConfig.for_task("CartPole-v1", env_backend="gymnax")
+    config = PPOConfig(env_id="CartPole-v1", **preset_for("vector"))
     assert {name: getattr(config, name) for name in CLEANRL_PPO_PY} == CLEANRL_PPO_PY
     assert config.loss == "cleanrl-torch"
-    config = PPOConfig(**preset_for("vector"))
     # ppo_eqx's own: CartPole's iterations are short, so its envs are re-seeded (and recompiled) less often.
     assert (PPOConfig().checkpoint_every, config.checkpoint_every) == (200, 250)
 
