@@ -13,7 +13,7 @@ import numpy as np
 from ..config import PPOConfig
 from ..core.iteration import FINITE
 from ..errors import NonFiniteError
-from .trainer import Trainer
+from .trainer import Dispatch, Trainer
 
 
 def train(config: PPOConfig, *, num_iterations: int | None = None) -> Iterator[dict[str, float]]:
@@ -69,18 +69,15 @@ def run_agents(
     The loop never waits for the device between programs: the program after the one ending at iteration k is
     dispatched before k's metrics are read, unless ``pause(k)`` is True (the caller will read the state after k:
     a checkpoint), in which case ``trainer.state`` is that of iteration k when k's records are yielded, or the
-    program runs a host loop (``Dispatch.overlaps``). ``hold(k)`` True asks for k's state as a checkpoint only:
-    where the trainer can keep a copy (``Trainer.holds``), it holds one (``Trainer.hold``: ``checkpoint()`` is k's
-    while k's records are yielded) and the next program runs meanwhile; elsewhere the loop pauses as for ``pause``.
-    Each record's ``sps`` is its iteration's own. Otherwise
-    it may be ahead (``trainer.iteration``): keep iterating to receive those iterations' records. With programs of
-    several iterations, ``pause`` is asked at each program's end, and their records come together after it; each
-    program runs as many of its iterations as take about ``DISPATCH_SECONDS`` at the pace measured so far (one, the
-    first time), so that a stop request (Ctrl-C) is acted on within seconds however slow an env is.
-    ``after_program()`` is called once a program's records have all been taken, before the loop waits again (the
-    command's writers write what they hold then). A program dispatched ahead that fails as it is dispatched (XLA:CPU
-    may run it there: a user's callback raising) raises once the records before it have been yielded (and a
-    checkpoint held for them taken).
+    program runs a host loop (``Dispatch.overlaps``); otherwise it may be ahead (``trainer.iteration``): keep
+    iterating to receive those iterations' records. ``hold(k)`` True asks for k's state as a checkpoint only: where
+    the trainer can keep a copy (``Trainer.holds``) it holds one (``checkpoint()`` is k's while k's records are
+    yielded) and the next program runs meanwhile, elsewhere the loop pauses as for ``pause`` (``_ahead``). Each
+    record's ``sps`` is its iteration's own. With programs of several iterations, ``pause`` is asked at each
+    program's end, and their records come together after it; each program runs as many of its iterations as take
+    about ``DISPATCH_SECONDS`` at the pace measured so far (one, the first time), so that a stop request (Ctrl-C) is
+    acted on within seconds however slow an env is. ``after_program()`` is called once a program's records have all
+    been taken, before the loop waits again (the command's writers write what they hold then).
     """
     if trainer.closed:
         raise RuntimeError("this Trainer is closed (its envs and programs are gone); make a new one")
@@ -96,30 +93,13 @@ def run_agents(
             # within its dispatch, as XLA:CPU does with EnvPool's step), else once its metrics arrive.
             before_ahead = time.perf_counter()
             done = all(leaf.is_ready() for leaf in jax.tree.leaves(pending.metrics))
-            paused = end < total and pause(end)
-            if end < total and not paused and hold(end):
-                if trainer.holds and pending.overlaps:
-                    trainer.hold()
-                else:
-                    paused = True
-            # A program whose dispatch runs a host loop is followed once its metrics are read: the next one's loop
-            # waits for its update anyway, and its time ends where its update does, not after the next one's rollout.
-            ahead, failed = None, None
-            if end < total and not paused and pending.overlaps:
-                try:
-                    ahead = trainer.dispatch(total, most=pace.most())
-                except Exception as error:  # raised by its dispatch (XLA:CPU runs a program there): this one's first
-                    failed = error
+            ahead, failed = _ahead(trainer, pending, total, pause, hold, pace)
             rows = pending.rows(jax.device_get(pending.metrics))
             now = before_ahead if done else time.perf_counter()
             pace.measured(now - last, pending.count)
-            for iteration, metrics in enumerate(rows, start=end - pending.count + 1):
-                finite = np.asarray(metrics.pop(FINITE)).all()
-                records = agent_records(config, iteration, metrics, (now - last) / pending.count)
-                for record in records:
-                    record["time_elapsed"] = now - start + time_offset
-                _check_finite(config, iteration, records, bool(finite))
-                yield records
+            yield from _records(
+                config, rows, end - pending.count + 1, (now - last) / pending.count, now - start + time_offset
+            )
             trainer.release()
             if after_program is not None:
                 after_program()
@@ -131,6 +111,48 @@ def run_agents(
             pending = ahead
     finally:
         trainer.release()
+
+
+def _ahead(
+    trainer: Trainer,
+    pending: Dispatch,
+    total: int,
+    pause: Callable[[int], bool],
+    hold: Callable[[int], bool],
+    pace: "_Pace",
+) -> tuple[Dispatch | None, Exception | None]:
+    """The program after ``pending``, dispatched before ``pending``'s metrics are read where it may be (``run_agents``:
+    not paused, ``pending``'s state held where a checkpoint is due), with the error its dispatch raised (XLA:CPU runs
+    a program there), which ``run_agents`` raises after ``pending``'s records. A program whose dispatch runs a host
+    loop is followed once its metrics are read: the next one's loop waits for its update anyway, and its time ends
+    where its update does, not after the next one's rollout."""
+    end = pending.end
+    if end >= total or pause(end):
+        return None, None
+    if hold(end):
+        if not (trainer.holds and pending.overlaps):
+            return None, None
+        trainer.hold()
+    if not pending.overlaps:
+        return None, None
+    try:
+        return trainer.dispatch(total, most=pace.most()), None
+    except Exception as error:  # raised by its dispatch: the records before it first
+        return None, error
+
+
+def _records(
+    config: PPOConfig, rows: list[dict[str, Any]], first: int, seconds: float, elapsed: float
+) -> Iterator[list[dict[str, Any]]]:
+    """The records of a program's ``rows`` (iterations ``first`` on), each iteration ``seconds`` long, all at
+    ``elapsed`` (``time_elapsed``); NonFiniteError where an iteration's update was not finite."""
+    for iteration, metrics in enumerate(rows, start=first):
+        finite = np.asarray(metrics.pop(FINITE)).all()
+        records = agent_records(config, iteration, metrics, seconds)
+        for record in records:
+            record["time_elapsed"] = elapsed
+        _check_finite(config, iteration, records, bool(finite))
+        yield records
 
 
 def _never(iteration: int) -> bool:
