@@ -32,6 +32,7 @@ def test_a_gymnax_run_compiles_no_check_and_nothing_twice(tmp_path: Path, monkey
     again ahead of time."""
     handler = _Compiles()
     loggers = [logging.getLogger(name) for name in ("jax._src.interpreters.pxla", "jax._src.dispatch")]
+    logged = jax.config.jax_log_compiles  # pyright: ignore[reportAttributeAccessIssue]
     jax.config.update("jax_log_compiles", True)
     for logger in loggers:
         logger.addHandler(handler)
@@ -40,7 +41,7 @@ def test_a_gymnax_run_compiles_no_check_and_nothing_twice(tmp_path: Path, monkey
         argv = ["train", "--env-backend", "gymnax", "--env-id", "Acrobot-v1", "--total-timesteps", "2048"]
         assert main([*argv, "--no-progress", "--checkpoint-every", "2", "--run-dir", str(tmp_path / "run")]) == 0
     finally:
-        jax.config.update("jax_log_compiles", False)
+        jax.config.update("jax_log_compiles", logged)
         for logger in loggers:
             logger.removeHandler(handler)
     assert handler.names["prime"] <= 1, handler.names
