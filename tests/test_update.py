@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from ppo_eqx import ActorCritic, AgentHyperparameters, Batch, PPOConfig, make_optimizer, model_loss, update
 from ppo_eqx.core.checks import check_actions
-from ppo_eqx.core.update import current_learning_rate, learning_rate_schedule, minibatch_indices, row_taker
+from ppo_eqx.core.minibatch import row_taker
+from ppo_eqx.core.update import current_learning_rate, learning_rate_schedule, minibatch_indices
 
 pytestmark = pytest.mark.unit
 
