@@ -263,9 +263,9 @@ def test_segment_seeds_depend_on_seed_and_iteration_only():
 
 
 def test_a_state_made_on_the_host_cpu_lands_as_if_made_on_the_default_device() -> None:
-    """What an accelerator's run makes on its host's CPU (``fresh.on_the_host_cpu``) is put on the default device
+    """What an accelerator's run makes on its host's CPU (``host_cpu.on_the_host_cpu``) is put on the default device
     uncommitted, as arrays made there are, each value and dtype kept: typed PRNG keys and bfloat16 too."""
-    from ppo_eqx.host.fresh import _on_the_default_device
+    from ppo_eqx.host.host_cpu import _on_the_default_device
 
     made = {
         "keys": jax.random.split(jax.random.key(3), 2),
@@ -284,7 +284,7 @@ def test_a_state_made_on_the_host_cpu_lands_as_if_made_on_the_default_device() -
 def test_an_accelerators_fresh_agents_are_made_on_the_host_cpu_with_the_same_bits(spec: EnvSpec) -> None:
     """``on_the_host_cpu`` as on an accelerator (the platform given): the agents it makes are the bits the plain
     call makes, put on the default device uncommitted; under ``eval_shape`` nothing is computed."""
-    from ppo_eqx.host.fresh import on_the_host_cpu
+    from ppo_eqx.host.host_cpu import on_the_host_cpu
 
     config = PPOConfig(env_id="CartPole-v1", num_envs=2, num_steps=8, num_seeds=2)
     plain = fresh_agents(config, spec, conv_impl="matmul")
@@ -299,3 +299,15 @@ def test_an_accelerators_fresh_agents_are_made_on_the_host_cpu_with_the_same_bit
     made_here = lambda: fresh_agents(config, spec, conv_impl="matmul")  # noqa: E731
     shaped = eqx.filter_eval_shape(lambda: on_the_host_cpu(made_here, platform="tpu"))
     assert [x.shape for x in jax.tree.leaves(shaped)] == [x.shape for x in plain_leaves]
+
+
+@pytest.mark.parametrize("env_id", ["Breakout-v5", "HalfCheetah-v4"])
+def test_a_library_backends_spec_read_on_the_host_cpu_is_the_spec(env_id: str) -> None:
+    """On an accelerator the plan reads a library backend's spec on the host's CPU (``named.backend_and_spec``):
+    the same spec, field for field, as read on the default device."""
+    from ppo_eqx.host.host_cpu import on_the_host_cpu
+    from ppo_eqx.host.named import _library_backend_and_spec, backend_and_spec
+
+    chosen, spec = backend_and_spec("envpool", env_id)
+    moved_backend, moved = on_the_host_cpu(lambda: _library_backend_and_spec("envpool", env_id), platform="tpu")
+    assert moved_backend is chosen and moved == spec

@@ -98,13 +98,35 @@ def test_compilation_cache_on_a_tpu_only(monkeypatch: pytest.MonkeyPatch, tmp_pa
     from ppo_eqx.cli.environment import use_compilation_cache
 
     monkeypatch.setenv("PPO_EQX_CACHE", str(tmp_path))
+    monkeypatch.delenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", raising=False)
     before = jax.config.jax_compilation_cache_dir  # pyright: ignore[reportAttributeAccessIssue]
+    threshold = jax.config.jax_persistent_cache_min_compile_time_secs  # pyright: ignore[reportAttributeAccessIssue]
     try:
         assert use_compilation_cache() is None  # this machine's CPU
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == threshold  # pyright: ignore[reportAttributeAccessIssue]
         monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
         assert use_compilation_cache() == tmp_path / "xla"
         assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")  # pyright: ignore[reportAttributeAccessIssue]
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0  # pyright: ignore[reportAttributeAccessIssue]
         monkeypatch.setenv("PPO_EQX_CACHE", str(tmp_path / "other"))
         assert use_compilation_cache() is None  # one is set: kept
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", threshold)
+
+
+def test_a_users_cache_threshold_is_kept_on_a_tpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import jax
+
+    from ppo_eqx.cli.environment import use_compilation_cache
+
+    monkeypatch.setenv("PPO_EQX_CACHE", str(tmp_path))
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "2.5")
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    before = jax.config.jax_compilation_cache_dir  # pyright: ignore[reportAttributeAccessIssue]
+    threshold = jax.config.jax_persistent_cache_min_compile_time_secs  # pyright: ignore[reportAttributeAccessIssue]
+    try:
+        assert use_compilation_cache() == tmp_path / "xla"
+        assert jax.config.jax_persistent_cache_min_compile_time_secs == threshold  # pyright: ignore[reportAttributeAccessIssue]
     finally:
         jax.config.update("jax_compilation_cache_dir", before)

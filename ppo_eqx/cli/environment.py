@@ -110,7 +110,10 @@ def use_compilation_cache() -> Path | None:
     """On a TPU, jax's persistent compilation cache in ``$PPO_EQX_CACHE/xla`` (default ``~/.cache/ppo_eqx/xla``),
     unless one is set already (``JAX_COMPILATION_CACHE_DIR``); before jax's first compile, which decides whether the
     process uses one. A TPU compiles each program for seconds (a CartPole run's 8.6 s, its initialisation's 5.8 s
-    on a TPU v5e): the same command again loads them. Returns the directory chosen (None: none chosen here)."""
+    on a TPU v5e): the same command again loads them. Every program is kept, not only those compiled for a second
+    or more (jax's default): a run's start compiles a dozen small ones, each a fraction of a second there, which
+    summed to seconds of a warm CartPole process on a TPU v5e (docs/performance.md). Returns the directory chosen
+    (None: none chosen here)."""
     import jax
 
     if jax.default_backend() != "tpu" or jax.config.jax_compilation_cache_dir:  # pyright: ignore[reportAttributeAccessIssue]
@@ -119,6 +122,8 @@ def use_compilation_cache() -> Path | None:
 
     path = cache_root() / "xla"
     jax.config.update("jax_compilation_cache_dir", str(path))
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:  # the user's threshold kept
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return path
 
 

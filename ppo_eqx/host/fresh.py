@@ -6,14 +6,11 @@ loading a checkpoint also builds, without running anything, as the tree its arra
 
 import functools
 import os
-from collections.abc import Callable
 from typing import Any, NamedTuple, cast
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.core import Tracer
 from jaxtyping import Array, Int
 
 from ..config import PPOConfig
@@ -28,6 +25,7 @@ from ..core.update import OptimizerFactory, make_optimizer
 from ..errors import ConfigError
 from ..settings import Sizes
 from .compiled import OwnJit, own_jit
+from .host_cpu import on_the_host_cpu
 from .named import backend_named
 
 # --- the envs ---------------------------------------------------------------------------------------------------------
@@ -129,37 +127,6 @@ def fresh_agents(
     that on 2 cores both threads can end up waiting (a deadlock; docs/performance.md). One matrix at a time, as one
     agent's are, it computes inline."""
     return on_the_host_cpu(lambda: _fresh_agents(config, spec, conv_impl, model, optimizer))
-
-
-def on_the_host_cpu(make: Callable[[], Any], *, platform: str | None = None) -> Any:
-    """``make()`` computed on the host's CPU and its arrays put on the default device, where that is an
-    accelerator's (``platform``: the default device's, read from jax where not given): a TPU compiles each program
-    for seconds (one agent's initialisation took 5.8 s on a TPU v5e, 0.7 s on its host; several agents' are
-    operations compiled one by one), and the same seed then starts from the same bits on every platform. On a CPU,
-    or where jax has no CPU backend, ``make()`` as it is."""
-    if platform is None:
-        target = jax.config.jax_default_device or jax.devices()[0]  # pyright: ignore[reportAttributeAccessIssue]
-        platform = target if isinstance(target, str) else target.platform
-    if platform == "cpu":
-        return make()
-    try:
-        cpu = jax.devices("cpu")[0]
-    except RuntimeError:
-        return make()
-    with jax.default_device(cpu):
-        made = make()
-    arrays, rest = eqx.partition(made, eqx.is_array)
-    if any(isinstance(x, Tracer) for x in jax.tree.leaves(arrays)):  # traced (eval_shape): no values
-        return made
-    return eqx.combine(jax.tree.map(_on_the_default_device, arrays), rest)
-
-
-def _on_the_default_device(x: Array) -> Array:
-    """``x`` on the default device as if made there (not committed to it: as the arrays made there before)."""
-    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
-        data = jnp.asarray(np.asarray(jax.random.key_data(x)))
-        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
-    return jnp.asarray(np.asarray(x))
 
 
 def _fresh_agents(

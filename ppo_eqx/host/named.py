@@ -32,6 +32,7 @@ from ..core.state import ModelFactory, default_model
 from ..core.update import RESERVED, Loss, OptimizerFactory, make_optimizer, model_loss, torch_model_loss
 from ..errors import ConfigError, first_line, user_frame
 from ..settings import is_import_path
+from .host_cpu import on_the_host_cpu
 
 
 def defined_at(obj: Any) -> str:
@@ -210,6 +211,12 @@ def backend_and_spec(name: str, env_id: str, seed: int = 1) -> tuple[EnvBackend,
     # A library's backend, as ``backend_named`` finds it; its spec asked of it directly (nothing of the user's).
     if name == "jax":
         return ENV_ID_BACKEND, ENV_ID_BACKEND.spec(env_id)
+    # On an accelerator, on the host's CPU: gymnax's import and its spaces make arrays (programs a TPU would
+    # compile for a second or more each), and a spec is shapes and bounds read at the run's start.
+    return on_the_host_cpu(lambda: _library_backend_and_spec(name, env_id))
+
+
+def _library_backend_and_spec(name: str, env_id: str) -> tuple[EnvBackend, EnvSpec]:
     with _plotting_on_first_use() if name == "gymnax" else contextlib.nullcontext():
         chosen = backend(name)
     return chosen, chosen.spec(env_id)
