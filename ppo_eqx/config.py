@@ -150,8 +150,8 @@ class PPOConfig(Hyperparameters):
     )
     num_threads: int = config_field(
         0,
-        "EnvPool's (and ALE's) threads stepping the envs; 0: one per env, at most the cores this process may use "
-        "(ppo_eqx's own)",
+        "EnvPool's (and ALE's) threads stepping the envs; 0: one per env, at most the cores this process may use, "
+        "which host-envs' actors share (ppo_eqx's own)",
         within=FieldRange(0, 4096, "0 (one per env, at most the cores) or a count of threads"),
     )
     thread_affinity_offset: int = config_field(

@@ -147,3 +147,22 @@ def test_autos_help_is_its_rules_and_each_rule_is_what_auto_takes() -> None:
     ]
     taken = [rollout_place(config, backend, spec, device=device) for config, backend, spec, device in cases]
     assert taken == [route for route, _ in AUTO_ROLLOUT]
+
+
+@pytest.mark.parametrize(
+    ("extra", "envs", "sharing", "cores", "threads"),
+    [
+        ({}, 8, 1, 13, 8),  # a thread per env, at most the cores
+        ({}, 64, 1, 13, 13),
+        ({}, 8, 4, 13, 3),  # 64 envs of 4 actors: 8 pools, one of each actor's two stepping at a time
+        ({}, 4, 8, 13, 1),  # never fewer than one
+        ({}, 2, 1, 13, 2),
+        ({"num_threads": 8}, 8, 4, 13, 8),  # the setting wins
+        ({"num_threads": 8}, 4, 4, 13, 4),  # never more than the pool's envs
+    ],
+)
+def test_pools_that_step_at_once_share_the_cores(monkeypatch, extra, envs, sharing, cores, threads) -> None:
+    from ppo_eqx.host import fresh
+
+    monkeypatch.setattr(fresh.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert fresh.env_threads(PPOConfig(**extra).validate(), envs, sharing=sharing).count == threads

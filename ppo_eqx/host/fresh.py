@@ -46,11 +46,12 @@ def pool_env_seeds(config: PPOConfig, iteration: int) -> list[int]:
     return [s for agent in config.agent_configs() for s in segment_env_seeds(agent.seed, iteration, config.num_envs)]
 
 
-def env_threads(config: PPOConfig, num_envs: int) -> EnvThreads:
+def env_threads(config: PPOConfig, num_envs: int, *, sharing: int = 1) -> EnvThreads:
     """The threads that step a pool of ``num_envs`` envs: ``config.num_threads``, or where it is 0 one per env, at
     most one per core this process may run on (EnvPool's own default counts every core of the machine, those a
-    container or ``taskset`` withholds too); pinned from ``config.thread_affinity_offset`` on."""
-    count = config.num_threads or min(num_envs, len(os.sched_getaffinity(0)))
+    container or ``taskset`` withholds too), each of ``sharing`` pools that step at once taking its share of the
+    cores; pinned from ``config.thread_affinity_offset`` on."""
+    count = config.num_threads or min(num_envs, max(1, len(os.sched_getaffinity(0)) // sharing))
     return EnvThreads(min(count, num_envs), config.thread_affinity_offset)
 
 
