@@ -211,9 +211,11 @@ def backend_and_spec(name: str, env_id: str, seed: int = 1) -> tuple[EnvBackend,
     # A library's backend, as ``backend_named`` finds it; its spec asked of it directly (nothing of the user's).
     if name == "jax":
         return ENV_ID_BACKEND, ENV_ID_BACKEND.spec(env_id)
-    # On an accelerator, on the host's CPU: gymnax's import and its spaces make arrays (programs a TPU would
-    # compile for a second or more each), and a spec is shapes and bounds read at the run's start.
-    return on_the_host_cpu(lambda: _library_backend_and_spec(name, env_id))
+    if name == "gymnax":  # on an accelerator, on the host's CPU: its import and spaces make arrays, each a program
+        # a TPU would compile for a second or more; a spec is shapes and bounds read at the run's start. (EnvPool's
+        # spec makes none: jax's backends are left unmade for the checks that come first, a distributed run's join.)
+        return on_the_host_cpu(lambda: _library_backend_and_spec(name, env_id))
+    return _library_backend_and_spec(name, env_id)
 
 
 def _library_backend_and_spec(name: str, env_id: str) -> tuple[EnvBackend, EnvSpec]:
