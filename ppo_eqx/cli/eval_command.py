@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import equinox as eqx
 import jax
@@ -56,8 +56,23 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
         flush=True,
     )
     evaluation, video_error = _play(args, model, config, statistics, fps=15 if spec.kind == "frames" else 50)
-    summary = summarise(evaluation)
-    result = {
+    _write_result(output, _result(args, path, agent, config, metadata, evaluation, video_error))
+    if video_error:
+        raise RunError(f"{video_error}; the evaluation's results are in {output}")
+    return 0
+
+
+def _result(
+    args: argparse.Namespace,
+    path: Path,
+    agent: tuple[Path, str] | None,
+    config: PPOConfig,
+    metadata: dict[str, Any],
+    evaluation: Evaluation,
+    video_error: str | None,
+) -> dict[str, Any]:
+    """``eval.json``'s object: what was played, by which checkpoint, and the returns with their summary."""
+    return {
         "checkpoint": str(path),
         "agent": None if agent is None else agent[1],
         "env_id": config.env_id,
@@ -66,32 +81,30 @@ def eval_command(args: argparse.Namespace, probe: XlaFlagsProbe | None = None) -
         "episodes": args.episodes,
         "greedy": args.greedy,
         "seed": args.seed,
-        **summary,
+        **summarise(evaluation),
         # JSON has no NaN or inf: such a return is written null (summary's non_finite_returns counts them)
         "returns": [r if math.isfinite(r) else None for r in evaluation.returns],
         "lengths": evaluation.lengths,
         "video": None if args.video is None or video_error else str(args.video),
     }
+
+
+def _write_result(output: Path, result: dict[str, Any]) -> None:
+    """Write ``result`` to ``output`` whole (a Ctrl-C waits for it) and say what it holds in one line."""
     EARLY.defer()  # eval.json is written whole or not at all; a Ctrl-C now waits for it
     try:
         write_json(output, result)
     except OSError as error:
         raise RunError(f"could not write {output}: {error.strerror or error}") from None
     shown = "no finite return"
-    if summary["mean_return"] is not None:
+    if result["mean_return"] is not None:
         shown = (
-            f"return {summary['mean_return']:.2f} +- {summary['std_return']:.2f} "
-            f"(min {summary['min_return']:.2f}, max {summary['max_return']:.2f})"
+            f"return {result['mean_return']:.2f} +- {result['std_return']:.2f} "
+            f"(min {result['min_return']:.2f}, max {result['max_return']:.2f})"
         )
-    odd = summary["non_finite_returns"]
+    odd = result["non_finite_returns"]
     note = f" ({odd} not finite, written as null)" if odd else ""
-    print(
-        f"ppo-eqx: {shown} over {args.episodes} episodes{note}; written to {output}",
-        flush=True,
-    )
-    if video_error:
-        raise RunError(f"{video_error}; the evaluation's results are in {output}")
-    return 0
+    print(f"ppo-eqx: {shown} over {result['episodes']} episodes{note}; written to {output}", flush=True)
 
 
 def _load_agent(

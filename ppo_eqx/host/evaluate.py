@@ -103,6 +103,20 @@ def evaluate(
     quotas = episode_quotas(episodes, num_envs)
     pool = _eval_pool(chosen, config, eval_env_seeds(seed, num_envs), on_frame is not None, statistics)
 
+    step = own_jit(_stepper(pool, greedy))  # freed with this call, and the pool with it: read below, synchronously
+    carry = RolloutCarry(pool.handle, jnp.asarray(pool.first_obs), init_episode_stats(num_envs))
+    if isinstance(model, RecurrentPolicy):
+        carry = carry._replace(memory=model.initial_memory(num_envs), starts=jnp.ones((num_envs,), bool))
+    finished = _play(step, model, carry, key, pool, quotas, on_frame)
+    pool.close()
+    games = [game for done in finished for game in done]
+    return Evaluation([r for r, _ in games], [n for _, n in games])
+
+
+def _stepper(pool: Any, greedy: bool) -> Callable[..., tuple[RolloutCarry, Any, EpisodeStats]]:
+    """One step of every env of ``pool``: the policy's actions (sampled, or greedy), the envs' step, the episodes
+    counted; a recurrent policy's memory carried, reset where an episode begins."""
+
     def act(model: Policy, carry: RolloutCarry, key: PRNGKeyArray) -> tuple[RolloutCarry, Any, EpisodeStats]:
         memory = None
         if isinstance(model, RecurrentPolicy) and carry.starts is not None:
@@ -114,11 +128,21 @@ def evaluate(
         starts = None if memory is None else out.done
         return RolloutCarry(handle, out.obs, stats, memory, starts), out.game_over, stats
 
-    step = own_jit(act)  # freed with this call, and the pool with it: its results are read below, synchronously
-    carry = RolloutCarry(pool.handle, jnp.asarray(pool.first_obs), init_episode_stats(num_envs))
-    if isinstance(model, RecurrentPolicy):
-        carry = carry._replace(memory=model.initial_memory(num_envs), starts=jnp.ones((num_envs,), bool))
-    finished: list[list[tuple[float, int]]] = [[] for _ in range(num_envs)]
+    return act
+
+
+def _play(
+    step: Callable[..., tuple[RolloutCarry, Any, EpisodeStats]],
+    model: Policy,
+    carry: RolloutCarry,
+    key: PRNGKeyArray,
+    pool: Any,
+    quotas: list[int],
+    on_frame: Callable[[np.ndarray], None] | None,
+) -> list[list[tuple[float, int]]]:
+    """Each env's finished games (return, length) from stepping until env i has finished ``quotas[i]``; env 0's
+    first game's screens to ``on_frame``, before the first step and after each."""
+    finished: list[list[tuple[float, int]]] = [[] for _ in quotas]
     recording = on_frame is not None
     if on_frame is not None:
         on_frame(pool.render(0))
@@ -134,9 +158,7 @@ def evaluate(
             for i in np.flatnonzero(over):
                 if len(finished[i]) < quotas[i]:
                     finished[i].append((float(returns[i]), int(lengths[i])))
-    pool.close()
-    games = [game for done in finished for game in done]
-    return Evaluation([r for r, _ in games], [n for _, n in games])
+    return finished
 
 
 def normalization_of(checkpoint: Any) -> NormalizedHandle | None:

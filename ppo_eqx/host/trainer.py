@@ -139,22 +139,8 @@ class Trainer:
         self._check_factories(restore)
         self._memory = memory_of(self.model, self.spec)
         self.placement = placement or placement_for(config, self.spec, self.backend)
-        if self._memory is not None and not getattr(self.placement, "carries_memory", False):
-            raise ConfigError(
-                f"network={config.network!r} is recurrent and {type(self.placement).__name__} (rollout_on="
-                f"{config.rollout_on!r}) carries no memory per env; allowed: rollout_on='device' on one device"
-            )
-        if restore is None:
-            restore = init_checkpoint(
-                config,
-                self.spec,
-                conv_impl=route,
-                env_backend=self.backend,
-                model=self.model,
-                optimizer=self.optimizer,
-            )
-        else:
-            _check_restore(restore, self.config)
+        self._check_memory_carried()
+        restore = self._first_checkpoint(config, restore, route)
         self.conv_impl: ConvRoute | None = conv_route_of(restore.model)
         ready(self.conv_impl)
         # The compiled program donates the state it is given: place a copy, so that ``restore`` stays the caller's.
@@ -169,6 +155,24 @@ class Trainer:
         self._prefetch = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ppo-eqx-envs")
         self._next: concurrent.futures.Future[_Segment] | None = None
         self._prepare_after(self.iteration)
+
+    def _check_memory_carried(self) -> None:
+        """ConfigError where the policy is recurrent and the placement carries no memory per env."""
+        if self._memory is not None and not getattr(self.placement, "carries_memory", False):
+            raise ConfigError(
+                f"network={self.config.network!r} is recurrent and {type(self.placement).__name__} (rollout_on="
+                f"{self.config.rollout_on!r}) carries no memory per env; allowed: rollout_on='device' on one device"
+            )
+
+    def _first_checkpoint(self, config: PPOConfig, restore: Checkpoint | None, route: ConvRoute) -> Checkpoint:
+        """``restore``, checked against the config, or a fresh run's checkpoint at iteration 0 (``route``: the
+        convolutions' of a fresh model)."""
+        if restore is not None:
+            _check_restore(restore, self.config)
+            return restore
+        return init_checkpoint(
+            config, self.spec, conv_impl=route, env_backend=self.backend, model=self.model, optimizer=self.optimizer
+        )
 
     def _check_factories(self, restore: Checkpoint | None) -> None:
         """The model factory, optimizer and loss, those of the user's traced once against the task (ConfigError
