@@ -307,8 +307,8 @@ def test_gymnaxs_spec_read_on_the_host_cpu_is_the_spec(env_id: str) -> None:
     spec, field for field, as read on the default device."""
     pytest.importorskip("gymnax")
     from ppo_eqx.host.host_cpu import on_the_host_cpu
-    from ppo_eqx.host.named import _library_backend_and_spec, backend_and_spec
+    from ppo_eqx.host.named import backend_and_spec, backend_named
 
     chosen, spec = backend_and_spec("gymnax", env_id)
-    moved_backend, moved = on_the_host_cpu(lambda: _library_backend_and_spec("gymnax", env_id), platform="tpu")
-    assert moved_backend is chosen and moved == spec
+    moved = on_the_host_cpu(lambda: backend_named("gymnax").spec(env_id), platform="tpu")
+    assert backend_named("gymnax") is chosen and moved == spec

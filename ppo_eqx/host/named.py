@@ -181,8 +181,11 @@ def backend_named(name: str) -> EnvBackend:
     """The backend ``PPOConfig.env_backend`` names: a library's (``core.envs.backend``), "jax" (env ids
     ``MODULE:CALLABLE``), or the user's object ``MODULE:ATTRIBUTE``, imported now and checked for ``EnvBackend``'s
     attributes (docs/design.md, "A backend of your own")."""
-    if isinstance(name, str) and ":" in name:
-        return _users_backend(name)
+    return _users_backend(name) if isinstance(name, str) and ":" in name else _library_backend(name)
+
+
+def _library_backend(name: str) -> EnvBackend:
+    """A library's backend (``core.envs.backend``; gymnax's plotting modules imported on first use), or "jax"."""
     if name == "jax":
         return ENV_ID_BACKEND
     with _plotting_on_first_use() if name == "gymnax" else contextlib.nullcontext():
@@ -208,20 +211,15 @@ def backend_and_spec(name: str, env_id: str, seed: int = 1) -> tuple[EnvBackend,
     if is_import_path(name):  # the user's: its code is called here, where a fault is said as the user's
         users = _users_backend(name)
         return users, check_backend(users, name, env_id, seed)
-    # A library's backend, as ``backend_named`` finds it; its spec asked of it directly (nothing of the user's).
-    if name == "jax":
-        return ENV_ID_BACKEND, ENV_ID_BACKEND.spec(env_id)
-    if name == "gymnax":  # on an accelerator, on the host's CPU: its import and spaces make arrays, each a program
-        # a TPU would compile for a second or more; a spec is shapes and bounds read at the run's start. (EnvPool's
-        # spec makes none: jax's backends are left unmade for the checks that come first, a distributed run's join.)
-        return on_the_host_cpu(lambda: _library_backend_and_spec(name, env_id))
-    return _library_backend_and_spec(name, env_id)
 
+    # A library's, its spec asked of it directly. gymnax's import and spaces make arrays, each a program a TPU
+    # compiles for a second or more: on an accelerator, on the host's CPU. EnvPool's make none, and jax's backends
+    # stay unmade for the checks that come before them (a distributed run's join).
+    def read() -> tuple[EnvBackend, EnvSpec]:
+        chosen = _library_backend(name)
+        return chosen, chosen.spec(env_id)
 
-def _library_backend_and_spec(name: str, env_id: str) -> tuple[EnvBackend, EnvSpec]:
-    with _plotting_on_first_use() if name == "gymnax" else contextlib.nullcontext():
-        chosen = backend(name)
-    return chosen, chosen.spec(env_id)
+    return on_the_host_cpu(read) if name == "gymnax" else read()
 
 
 def check_backend(env_backend: EnvBackend, name: str, env_id: str, seed: int = 1) -> EnvSpec:

@@ -140,7 +140,7 @@ class Trainer:
         self._memory = memory_of(self.model, self.spec)
         self.placement = placement or placement_for(config, self.spec, self.backend)
         self._check_memory_carried()
-        restore = self._first_checkpoint(config, restore, route)
+        restore = self._first_checkpoint(restore, route)
         self.conv_impl: ConvRoute | None = conv_route_of(restore.model)
         ready(self.conv_impl)
         # The compiled program donates the state it is given: place a copy, so that ``restore`` stays the caller's.
@@ -164,14 +164,19 @@ class Trainer:
                 f"{self.config.rollout_on!r}) carries no memory per env; allowed: rollout_on='device' on one device"
             )
 
-    def _first_checkpoint(self, config: PPOConfig, restore: Checkpoint | None, route: ConvRoute) -> Checkpoint:
+    def _first_checkpoint(self, restore: Checkpoint | None, route: ConvRoute) -> Checkpoint:
         """``restore``, checked against the config, or a fresh run's checkpoint at iteration 0 (``route``: the
         convolutions' of a fresh model)."""
         if restore is not None:
             _check_restore(restore, self.config)
             return restore
         return init_checkpoint(
-            config, self.spec, conv_impl=route, env_backend=self.backend, model=self.model, optimizer=self.optimizer
+            self.config,
+            self.spec,
+            conv_impl=route,
+            env_backend=self.backend,
+            model=self.model,
+            optimizer=self.optimizer,
         )
 
     def _check_factories(self, restore: Checkpoint | None) -> None:
