@@ -199,6 +199,48 @@ def test_each_record_times_its_own_iteration_when_a_host_loop_runs_it(monkeypatc
     assert records[-1]["time_elapsed"] == pytest.approx(0.25)
 
 
+class _Faulty(_Late):
+    """A metric of a program that failed (a host callback raised): reading it raises the program's fault."""
+
+    def __array__(self, dtype=None, copy=None):
+        raise RuntimeError("the program of this metric failed")
+
+
+class _FailingTrainer(_SleepingTrainer):
+    """Programs dispatched ahead of their reading, as on XLA:CPU with a JAX env; iteration ``fails``'s fault is met
+    only where its metrics are read, after the next program was dispatched."""
+
+    def __init__(self, fails: int, iterations: int, clock: _Clock):
+        super().__init__(0.01, iterations, clock)
+        self.fails = fails
+
+    def dispatch(self, until=None, most=None):
+        from ppo_eqx.host.trainer import Dispatch
+
+        self.clock.now += self.seconds
+        self.iteration += 1
+        kind = _Faulty if self.iteration == self.fails else _Late
+        metrics = {name: kind(value, self.clock.now, self.clock) for name, value in self.metrics.items()}
+        return Dispatch(self.iteration, 1, metrics, False)  # pyright: ignore[reportArgumentType]
+
+
+def test_a_fault_met_reading_a_program_names_that_programs_iterations(monkeypatch: pytest.MonkeyPatch):
+    """The program after the failing one is already dispatched when the fault is met; the error names the failing
+    program's iteration (the supervisor's line says it), not every iteration in flight."""
+    from ppo_eqx.host import loop
+
+    clock = _Clock()
+    monkeypatch.setattr(loop, "time", clock)
+    trainer = _FailingTrainer(fails=3, iterations=6, clock=clock)
+    read = []
+    with pytest.raises(RuntimeError, match="the program of this metric failed") as caught:
+        for records in loop.run_agents(trainer):
+            read.append(records[0]["iteration"])
+    assert read == [1, 2]
+    assert trainer.iteration == 4  # iteration 4 was dispatched before 3's metrics were read
+    assert getattr(caught.value, loop.FAULT_ITERATIONS) == (3, 3)
+
+
 class _ChunkTrainer(_SleepingTrainer):
     """A program of up to 250 iterations (an env written in JAX), each taking ``seconds`` of ``clock``: how many it
     runs is what the loop asks for (``most``)."""

@@ -21,7 +21,7 @@ from ..core.state import Checkpoint
 from ..errors import ConfigError, NonFiniteError, RunDirError, RunError, UsageError, callback_fault, raised, user_frame
 from ..host.checkpoint import save_checkpoint
 from ..host.kernel_build import auto_note
-from ..host.loop import run_agents
+from ..host.loop import FAULT_ITERATIONS, run_agents
 from ..host.mesh import any_process
 from ..host.placement import Placement
 from ..host.resume import checked_metrics
@@ -148,7 +148,7 @@ class Supervisor:
                 user = called_back or (raised(error) if not (own or xla) and user_frame(error) else None)
                 if user is not None:  # the user's code: it fails so again from there
                     where = " in a host callback" if called_back else ""
-                    during = self._in_flight()
+                    during = self._in_flight(getattr(error, FAULT_ITERATIONS, None))
                     raise RunError(f"code of yours {user}{where} during {during}; {self._kept(again=False)}") from None
                 if not isinstance(error, jax.errors.JaxRuntimeError):
                     raise
@@ -297,11 +297,14 @@ class Supervisor:
             reason = getattr(error, "strerror", None) or (str(error).splitlines() or [type(error).__name__])[0]
             raise RunError(f"a writer of {self.plan.run_dir} failed: {reason}; {self._kept()}")
 
-    def _in_flight(self) -> str:
-        """The iterations a fault met in a program may be of: after the last whose metrics were read, up to the last
+    def _in_flight(self, program: tuple[int, int] | None = None) -> str:
+        """The iterations a fault met in a program may be of: ``program``'s where the loop named the program it came
+        from (``run_agents``, reading its metrics), else after the last whose metrics were read up to the last
         dispatched (a program runs several)."""
         first = int(self.records[0]["iteration"]) + 1 if self.records else self.plan.start_iteration + 1
         last = max(first, self._trainer.iteration if self._trainer is not None else first)
+        if program is not None:
+            first, last = program
         return f"iteration {first}" if last == first else f"iterations {first} .. {last}"
 
     def _kept(self, again: bool = True) -> str:

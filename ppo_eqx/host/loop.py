@@ -2,6 +2,7 @@
 metrics as the next runs, and turn them into one record per agent and iteration (``run_agents``; ``run`` for one
 agent, ``train`` from a config)."""
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -92,9 +93,11 @@ def run_agents(
             # When the program ended: before the next is dispatched if it is done by then (a backend that ran it
             # within its dispatch, as XLA:CPU does with EnvPool's step), else once its metrics arrive.
             before_ahead = time.perf_counter()
-            done = all(leaf.is_ready() for leaf in jax.tree.leaves(pending.metrics))
+            with _faults_of(pending):
+                done = all(leaf.is_ready() for leaf in jax.tree.leaves(pending.metrics))
             ahead, failed = _ahead(trainer, pending, total, pause, hold, pace)
-            rows = pending.rows(jax.device_get(pending.metrics))
+            with _faults_of(pending):
+                rows = pending.rows(jax.device_get(pending.metrics))
             now = before_ahead if done else time.perf_counter()
             pace.measured(now - last, pending.count)
             yield from _records(
@@ -111,6 +114,22 @@ def run_agents(
             pending = ahead
     finally:
         trainer.release()
+
+
+FAULT_ITERATIONS = "ppo_eqx_iterations"
+"""The attribute ``run_agents`` sets on an error that reading a program's metrics raised: the program's iterations,
+``(first, last)``; the fault is theirs, not those of the program dispatched after it."""
+
+
+@contextlib.contextmanager
+def _faults_of(pending: Dispatch) -> Iterator[None]:
+    """An error raised in the block (a program's fault, met where its metrics are read) named with its iterations."""
+    try:
+        yield
+    except Exception as error:
+        with contextlib.suppress(AttributeError, TypeError):  # a built-in exception without a __dict__
+            setattr(error, FAULT_ITERATIONS, (pending.end - pending.count + 1, pending.end))
+        raise
 
 
 def _ahead(
