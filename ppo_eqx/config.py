@@ -190,9 +190,8 @@ class PPOConfig(Hyperparameters):
     preset: str = config_field(
         "cleanrl",
         "the defaults a task takes before these flags: cleanrl (CleanRL's script for its kind: Atari, vector, "
-        "continuous; gymnax-blines' for MinAtar) or fast (tasks of continuous actions: CleanRL's update, its value "
-        "loss unclipped, with more envs stepped at once and more steps, chosen for the wall time to CleanRL's return) "
-        "(ppo_eqx's own)",
+        "continuous; gymnax-blines' for MinAtar) or fast (continuous actions: CleanRL's update, value loss unclipped, "
+        "more envs stepped at once, more steps: chosen for the wall time to CleanRL's return) (ppo_eqx's own)",
         choices=PRESETS,
     )
     normalize_obs: bool = config_field(

@@ -301,10 +301,11 @@ class Supervisor:
         """The iterations a fault met in a program may be of: ``program``'s where the loop named the program it came
         from (``run_agents``, reading its metrics), else after the last whose metrics were read up to the last
         dispatched (a program runs several)."""
-        first = int(self.records[0]["iteration"]) + 1 if self.records else self.plan.start_iteration + 1
-        last = max(first, self._trainer.iteration if self._trainer is not None else first)
         if program is not None:
             first, last = program
+        else:
+            first = int(self.records[0]["iteration"]) + 1 if self.records else self.plan.start_iteration + 1
+            last = max(first, self._trainer.iteration if self._trainer is not None else first)
         return f"iteration {first}" if last == first else f"iterations {first} .. {last}"
 
     def _kept(self, again: bool = True) -> str:

@@ -89,7 +89,6 @@ def run_agents(
     pending = trainer.dispatch(total, most=pace.most()) if trainer.iteration < total else None
     try:
         while pending is not None:
-            end = pending.end
             # When the program ended: before the next is dispatched if it is done by then (a backend that ran it
             # within its dispatch, as XLA:CPU does with EnvPool's step), else once its metrics arrive.
             before_ahead = time.perf_counter()
@@ -100,9 +99,7 @@ def run_agents(
                 rows = pending.rows(jax.device_get(pending.metrics))
             now = before_ahead if done else time.perf_counter()
             pace.measured(now - last, pending.count)
-            yield from _records(
-                config, rows, end - pending.count + 1, (now - last) / pending.count, now - start + time_offset
-            )
+            yield from _records(config, rows, pending.first, (now - last) / pending.count, now - start + time_offset)
             trainer.release()
             if after_program is not None:
                 after_program()
@@ -128,7 +125,7 @@ def _faults_of(pending: Dispatch) -> Iterator[None]:
         yield
     except Exception as error:
         with contextlib.suppress(AttributeError, TypeError):  # a built-in exception without a __dict__
-            setattr(error, FAULT_ITERATIONS, (pending.end - pending.count + 1, pending.end))
+            setattr(error, FAULT_ITERATIONS, (pending.first, pending.end))
         raise
 
 

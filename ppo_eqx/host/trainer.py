@@ -53,6 +53,11 @@ class Dispatch(NamedTuple):
     """Whether the next program may be dispatched before these metrics are read: False where the program's dispatch
     runs a host loop (``Program.host_loop``), which waits for this one's update anyway."""
 
+    @property
+    def first(self) -> int:
+        """The program's first iteration."""
+        return self.end - self.count + 1
+
     def rows(self, fetched: dict[str, Any]) -> list[dict[str, Any]]:
         """Each iteration's metrics, oldest first, from ``jax.device_get(self.metrics)``."""
         if not self.stacked:
