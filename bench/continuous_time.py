@@ -89,10 +89,12 @@ def run_cleanrl(task: str, seed: int, args: argparse.Namespace, scratch: Path) -
 
 
 def run(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(HERE.parent))
-    from _common import environment  # after the argument check; before the processes (it imports jax only)
-
-    machine = environment(None)
+    # The machine named by a process of its own that exits before the runs: jax's backend held here would keep an
+    # accelerator (a TPU opens to one process at a time) from the processes timed.
+    probe = ("import json, sys; sys.path.insert(0, sys.argv[1]); from _common import environment; "
+             "print(json.dumps(environment(None)))")  # fmt: skip
+    named = subprocess.run([sys.executable, "-c", probe, str(HERE.parent)], capture_output=True, text=True, check=True)
+    machine = json.loads(named.stdout.strip().splitlines()[-1])
     with tempfile.TemporaryDirectory() as scratch:
         for task in args.tasks:
             for seed in args.seeds:
