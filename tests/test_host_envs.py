@@ -8,7 +8,9 @@ for bit; where it cannot run, one line and nothing written.
 """
 
 import json
+import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import equinox as eqx
 import jax
@@ -16,13 +18,13 @@ import numpy as np
 import pytest
 
 import ppo_eqx
-from ppo_eqx.core.envs import backend
+from ppo_eqx.core.envs import EnvSpec, backend
 from ppo_eqx.host.host_envs import HostEnvsPlacement
-from ppo_eqx.host.placement import OneDevice
+from ppo_eqx.host.placement import OneDevice, act_device_for
 
 from .comparisons import resumes_in_a_process_as_it_ran
+from .processes import ROOT, run_child, worker_env
 from .processes import ppo_eqx as ppo_eqx_args
-from .processes import run_child
 from .run_files import tiny
 
 pytestmark = pytest.mark.subprocess
@@ -80,6 +82,72 @@ def test_the_host_envs_run_computes_what_one_program_computes(env_id: str, num_e
         assert abs(a["loss"] - b["loss"]) <= 1e-3 * max(1.0, abs(a["loss"])), (a, b)
 
 
+# The policy on one device and the learning on another (``act_device``: a vector policy acts on the host's CPU where
+# the learner is an accelerator): two host devices stand for them, forced in a process of its own.
+ACT_ELSEWHERE = """
+    import json
+    import equinox as eqx, jax, numpy as np
+    import ppo_eqx
+    from ppo_eqx.host.host_envs import HostEnvsPlacement
+    from ppo_eqx.host.placement import OneDevice, act_device_for
+
+    def train(config, placement):
+        with ppo_eqx.Trainer(config, placement=placement) as trainer:
+            records = [row[0] for row in ppo_eqx.run_agents(trainer)]
+            checkpoint = trainer.checkpoint()
+        arrays = [np.asarray(x) for x in jax.tree.leaves(eqx.filter(checkpoint, eqx.is_array))]
+        return records, arrays, checkpoint.model
+
+    other = jax.devices()[1]
+    results = {}
+    for env_id, num_envs in (("Hopper-v4", 3), ("CartPole-v1", 4)):
+        config = ppo_eqx.PPOConfig.for_task(
+            env_id, num_envs=num_envs, num_steps=16, num_minibatches=2, update_epochs=1,
+            total_timesteps=num_envs * 16 * 4, checkpoint_every=2,
+        )
+        placement = HostEnvsPlacement(1, act_device=other)
+        one, one_arrays, _ = train(config, OneDevice())
+        moved, moved_arrays, model = train(config, placement)
+        acted_on = sorted({d.id for leaf in placement._act.leaves(model) for d in leaf.devices()})
+        pairs = [(a, b) for a, b in zip(one_arrays, moved_arrays, strict=True) if a.size]
+        results[env_id] = {
+            "diff": max(float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+                        for a, b in pairs if a.dtype.kind == "f"),
+            "same_ints": all(np.array_equal(a, b) for a, b in pairs if a.dtype.kind != "f"),
+            "losses": [[r["loss"] for r in one], [r["loss"] for r in moved]],
+            "steps": config.num_iterations * config.num_minibatches * config.update_epochs,
+            "learning_rate": config.learning_rate, "record": placement.rollout_record(), "acted_on": acted_on,
+        }
+    print(json.dumps(results))
+"""
+
+
+def test_a_policy_acting_on_another_device_than_the_learner_computes_the_same() -> None:
+    """The model's leaves and the observations' statistics move to the act device each rollout and back: the run
+    is the one program's to float32 rounding (Hopper: normalised observations; CartPole: halves)."""
+    env = worker_env() | {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    code, out, err = run_child(["-c", textwrap.dedent(ACT_ELSEWHERE)], env=env, cwd=ROOT)
+    assert code == 0, "\n".join(out + err)[-4000:]
+    for env_id, result in json.loads(out[-1]).items():
+        assert result["record"]["policy_device"] == "cpu:1" and result["acted_on"] == [1], (env_id, result)
+        assert result["record"]["learn_device"] == "cpu:0", (env_id, result)
+        assert result["diff"] <= 2 * 3.2 * result["learning_rate"] * result["steps"] / 10, (env_id, result)
+        assert result["same_ints"], (env_id, result)
+        one, moved = result["losses"]
+        assert all(abs(a - b) <= 1e-3 * max(1.0, abs(a)) for a, b in zip(one, moved, strict=True)), (env_id, result)
+
+
+@pytest.mark.unit
+def test_a_vector_policy_acts_on_the_hosts_cpu_where_the_learner_is_an_accelerator() -> None:
+    def spec(kind: str) -> EnvSpec:
+        return EnvSpec("Some-v0", (4,), np.dtype(np.float32), 2, kind)  # type: ignore[arg-type]
+
+    cpu, accelerator = jax.devices("cpu")[0], SimpleNamespace(platform="tpu")
+    assert act_device_for(spec("vector"), accelerator) == cpu
+    assert act_device_for(spec("frames"), accelerator) is accelerator
+    assert act_device_for(spec("vector"), cpu) is cpu
+
+
 @pytest.mark.envpool
 def test_envpools_host_pool_steps_as_its_xla_step_does() -> None:
     """``make_host``'s halves (each env seeded as in the one pool) give the rows of the one pool's XLA step."""
@@ -113,7 +181,8 @@ def test_a_host_envs_run_resumes_bit_exact_and_says_where_it_ran(tmp_path: Path)
     first = next(line for line in out if "run directory" in line)
     assert "rollout: host-envs (envs on the host's CPU, the policy on cpu:0)" in first, first
     hardware = json.loads((finished / "hardware.json").read_text())
-    assert hardware["rollout"] == {"on": "host-envs", "policy_device": "cpu:0", "actor_threads": 1}, hardware
+    want = {"on": "host-envs", "policy_device": "cpu:0", "learn_device": "cpu:0", "actor_threads": 1}
+    assert hardware["rollout"] == want, hardware
     resumes_in_a_process_as_it_ran(finished, tmp_path / "resumed", at=2)
 
 

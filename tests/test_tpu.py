@@ -95,6 +95,22 @@ def test_a_host_envs_run_with_actors_on_the_tpu_computes_what_the_cpu_computes()
     _assert_close(config, cpu, tpu)
 
 
+def test_a_vector_policy_acts_on_the_host_cpu_and_learns_on_the_tpu() -> None:
+    """Hopper-v4 (``auto``: host-envs): the policy acts on the host's CPU, the update runs on the chip."""
+    config = ppo_eqx.PPOConfig.for_task(
+        "Hopper-v4", num_envs=3, num_steps=16, num_minibatches=2, update_epochs=1, total_timesteps=3 * 16 * 3
+    )
+    envpool = backend("envpool")
+    chosen = placement_for(config, envpool.spec("Hopper-v4"), envpool)
+    assert isinstance(chosen, HostEnvsPlacement), chosen
+    assert (chosen.rollout_record()["policy_device"], chosen.rollout_record()["learn_device"]) == ("cpu:0", "tpu:0")
+    with jax.default_matmul_precision("highest"):
+        with on_cpu():
+            cpu = _train(config.replace(rollout_on="device"), OneDevice())
+        tpu = _train(config, chosen)
+    _assert_close(config, cpu, tpu)
+
+
 def test_a_vmapped_gymnax_program_on_the_tpu_computes_what_the_cpu_computes() -> None:
     pytest.importorskip("gymnax")
     config = ppo_eqx.PPOConfig.for_task(

@@ -437,7 +437,9 @@ def _rollout(record: dict[str, Any]) -> str:
     """Where the rollout ran, as the first line says it: ``device``, or ``host (cpu:0, kernel), learning on
     cuda:0``."""
     if record["on"] == "host-envs":
-        return f"host-envs (envs on the host's CPU, the policy on {record['policy_device']})"
+        policy, learn = record["policy_device"], record["learn_device"]
+        learning = "" if learn == policy else f", learning on {learn}"
+        return f"host-envs (envs on the host's CPU, the policy on {policy}{learning})"
     if record["on"] != "host":
         return record["on"]
     return f"host ({record['rollout_device']}, {record['rollout_conv_impl']}), learning on {record['learn_device']}"

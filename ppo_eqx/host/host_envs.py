@@ -87,10 +87,12 @@ class HostEnvsPlacement:
 
     share = EnvShare()
 
-    def __init__(self, actor_threads: int = 1) -> None:
+    def __init__(self, actor_threads: int = 1, act_device: Any = None) -> None:
         if not isinstance(actor_threads, int) or actor_threads < 1:
             raise ValueError(f"actor_threads={actor_threads!r}; allowed: a positive integer")
         self.device = jax.devices()[0]
+        # Where the policy acts: the default device, or another (the host's CPU: ``placement.act_device_for``).
+        self.act_device = self.device if act_device is None else act_device
         self.actor_threads = actor_threads
         self._act: ActPrograms | None = None
         self._learn: dict[tuple[Sizes, Loss, OptimizerFactory], _LearnPrograms] = {}
@@ -121,7 +123,9 @@ class HostEnvsPlacement:
         ]
         if self._act is None:
             sizes = [len(part) for group in parts for part in group]
-            self._act = ActPrograms(sizes, num_steps=config.num_steps, device=self.device, normalize=normalize)
+            self._act = ActPrograms(
+                sizes, num_steps=config.num_steps, device=self.device, normalize=normalize, act_device=self.act_device
+            )
         loop = HostLoop(actors, self._act, num_steps=config.num_steps)
 
         def carry(stats: EpisodeStats, start: NormalizedHandle | None = None) -> RolloutCarry:
@@ -168,8 +172,8 @@ class HostEnvsPlacement:
         return Checkpoint(state.model, state.opt_state, state.key, collector.save(state.carry), state.iteration)
 
     def rollout_record(self) -> dict[str, Any]:
-        device = f"{self.device.platform}:{self.device.id}"
-        return {"on": "host-envs", "policy_device": device, "actor_threads": self.actor_threads}
+        policy, learn = (f"{d.platform}:{d.id}" for d in (self.act_device, self.device))
+        return {"on": "host-envs", "policy_device": policy, "learn_device": learn, "actor_threads": self.actor_threads}
 
 
 class _LearnPrograms:

@@ -1,6 +1,6 @@
 """The host loop of ``--rollout-on host-envs``: EnvPool's envs stepped through its host API by actor threads, each
-with its own pools, acting on the default device (the accelerator) in batches; the rollout's steps gathered on the
-host, then moved to the learner whole.
+with its own pools, acting in batches on the default device (the accelerator; a policy of vectors on the host's
+CPU, ``placement.act_device_for``); the rollout's steps gathered on the host, then moved to the learner whole.
 
 Each actor thread steps its envs in (at most) two pools, halves, so that one half steps while the policy acts for
 the other; with several actors (``actor_threads``, the Sebulba manner of DeepMind's Podracer and of Cleanba), one
@@ -56,8 +56,11 @@ class ActPrograms:
     normalised) and ``stack`` (the rollout's rows moved to the device at once, its episodes counted, its rewards
     normalised, GAE). ``normalize``: ``host_envs.Normalizing`` or None."""
 
-    def __init__(self, pool_sizes: list[int], *, num_steps: int, device: Any, normalize: Any):
+    def __init__(self, pool_sizes: list[int], *, num_steps: int, device: Any, normalize: Any, act_device: Any = None):
         self.device, self.normalize, self.num_steps = device, normalize, num_steps
+        # Where ``act`` runs: the learner's device, or the host's CPU (``placement.act_device_for``); the model's
+        # leaves and the observations' statistics are moved there once a rollout, and back after it.
+        self.act_device = device if act_device is None else act_device
         total = sum(pool_sizes) if len(pool_sizes) > 1 else None
         # The model is flattened once a rollout and ``act`` takes its leaves: a jitted function of the model itself
         # would flatten it and compare its structure at every call, most of a step's time on a CPU.
@@ -110,14 +113,22 @@ class ActPrograms:
         return np.asarray(self._keys(key))
 
     def leaves(self, model: Policy) -> list[Array]:
-        """``model``'s array leaves, its structure (the same at every call) kept for ``act``."""
+        """``model``'s array leaves on the act device, its structure (the same at every call) kept for ``act``."""
         params, static = eqx.partition(model, eqx.is_array)
         leaves, treedef = jax.tree.flatten(params)
         if self.structure is None:
             self.structure = (treedef, static)
         elif self.structure[0] != treedef or not same_static(self.structure[1], static):
             raise RuntimeError("the host loop's act program was called with another model's structure")
-        return leaves
+        return self.to_act(leaves)
+
+    def to_act(self, tree: Any) -> Any:
+        """``tree`` on the act device (as it is, where that is the learner's)."""
+        return tree if self.act_device == self.device else jax.device_put(tree, self.act_device)
+
+    def to_learner(self, tree: Any) -> Any:
+        """``tree`` on the learner's device (as it is, where the act device is that one)."""
+        return tree if self.act_device == self.device else jax.device_put(tree, self.device)
 
     def policy_rows(self, leaves: list[Array], key_data: np.ndarray, first_obs: np.ndarray) -> dict[str, Any]:
         """The shapes of what the policy gives for ``first_obs`` (one pool's): the observations it saw, its actions
@@ -203,7 +214,7 @@ class HostLoop:
         leaves, key_data = programs.leaves(model), programs.keys(key)
         self._ready(leaves, key_data)
         observing = isinstance(carry.handle, NormalizedHandle) and programs.normalize.obs
-        moments: Moments | None = carry.handle.obs if observing else None
+        moments: Moments | None = programs.to_act(carry.handle.obs) if observing else None
         first = np.asarray(carry.obs) if observing else None
         if self._threads is None:
             moments = self._actor(self.actors[0], leaves, key_data, moments, first)
@@ -212,7 +223,7 @@ class HostLoop:
             for future in futures:
                 future.result()
         if moments is not None:
-            moments, last_obs = programs.observe(moments, self.obs[0])
+            moments, last_obs = programs.to_learner(programs.observe(moments, self.obs[0]))
             handle = carry.handle._replace(obs=moments)
         else:
             last_obs, handle = jax.device_put(np.concatenate(self.obs), programs.device), carry.handle
@@ -241,9 +252,9 @@ class HostLoop:
             programs.act(leaves, None, np.zeros_like(obs), key_data[0], np.int32(self.rows[p].start))
         handle = carry.handle
         if isinstance(handle, NormalizedHandle) and programs.normalize and programs.normalize.obs:
-            zeros = np.zeros_like(self.obs[0])
-            programs.act(leaves, handle.obs, zeros, key_data[0], np.int32(0))
-            programs.observe(handle.obs, zeros)
+            zeros, moments = np.zeros_like(self.obs[0]), programs.to_act(handle.obs)
+            programs.act(leaves, moments, zeros, key_data[0], np.int32(0))
+            programs.observe(moments, zeros)
         h = hyperparameters
         args = (model, carry.stats, handle, self.host, carry.obs, h.gamma, h.gae_lambda)
         programs.stack.compile(*args)
