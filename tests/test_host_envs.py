@@ -138,7 +138,7 @@ def test_a_policy_acting_on_another_device_than_the_learner_computes_the_same() 
 
 
 @pytest.mark.unit
-def test_a_vector_policy_acts_on_the_hosts_cpu_where_the_learner_is_an_accelerator() -> None:
+def test_a_vector_policy_acts_on_the_hosts_cpu_where_the_learner_is_an_accelerator(monkeypatch) -> None:
     def spec(kind: str) -> EnvSpec:
         return EnvSpec("Some-v0", (4,), np.dtype(np.float32), 2, kind)  # type: ignore[arg-type]
 
@@ -146,6 +146,12 @@ def test_a_vector_policy_acts_on_the_hosts_cpu_where_the_learner_is_an_accelerat
     assert act_device_for(spec("vector"), accelerator) == cpu
     assert act_device_for(spec("frames"), accelerator) is accelerator
     assert act_device_for(spec("vector"), cpu) is cpu
+
+    def no_cpu(backend: str | None = None) -> list:
+        raise RuntimeError(f"Unknown backend {backend}")
+
+    monkeypatch.setattr(jax, "devices", no_cpu)  # jax started without its CPU backend (JAX_PLATFORMS=tpu)
+    assert act_device_for(spec("vector"), accelerator) is accelerator
 
 
 @pytest.mark.envpool

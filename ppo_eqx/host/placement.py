@@ -224,7 +224,10 @@ def act_device_for(spec: EnvSpec, device: Any) -> Any:
     2.25 ms a step, where the 2-core AMD EPYC runs it whole in 72 s (docs/performance.md, "One TPU v5e")."""
     if device.platform == "cpu" or spec.kind == "frames":
         return device
-    return jax.devices("cpu")[0]
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:  # jax started without its CPU backend (JAX_PLATFORMS=tpu): the policy acts on the device
+        return device
 
 
 def default_actor_threads(config: PPOConfig, device: Any) -> int:
