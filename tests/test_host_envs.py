@@ -1,5 +1,5 @@
-"""EnvPool's envs stepped from a host loop, the policy on the default device (``--rollout-on host-envs``,
-``host.host_envs``; issue 40).
+"""EnvPool's envs stepped from a host loop, the policy on the default device or the host's CPU (``--rollout-on
+host-envs``, ``host.host_envs``; issues 40, 52).
 
 The host-envs run computes what the one-program run computes: the same keys, seeds and actions, each half's
 actions drawn as those rows of the whole batch, so its states and metrics are the one-program run's to float32

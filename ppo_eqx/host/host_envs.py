@@ -1,9 +1,10 @@
-"""``HostEnvsPlacement`` (``--rollout-on host-envs``): EnvPool's envs stepped through its host API by actor threads
-on the host (``host_loop.HostLoop``), the policy's forward pass and the learning on the default device (the
-accelerator); the route LeanRL, Sample Factory and moolib take on a GPU, and with several actor threads
-(``actor_threads``) the Sebulba manner, in which Cleanba trains on TPUs. ``auto`` takes it for continuous tasks
-(MuJoCo's, float64 on the host), whose step would otherwise be a call out of the program that costs more than the
-step, and on a device whose programs cannot call EnvPool's XLA step (a TPU).
+"""``HostEnvsPlacement`` (``--rollout-on host-envs``): EnvPool's envs stepped through its host API by actor threads on
+the host (``host_loop.HostLoop``), the policy's forward pass and the learning on the default device (the accelerator;
+a policy of vectors acts on the host's CPU there, ``placement.act_device_for``); the route LeanRL, Sample Factory and
+moolib take on a GPU, and with several actor threads (``actor_threads``) the Sebulba manner, in which Cleanba trains
+on TPUs. ``auto`` takes it for continuous tasks (MuJoCo's, float64 on the host), whose step would otherwise be a call
+out of the program that costs more than the step, and on a device whose programs cannot call EnvPool's XLA step (a
+TPU).
 
 Each actor steps its envs in two halves, one stepping while the policy acts for the other; after ``num_steps``
 steps one program takes what the actors gathered, counts the episodes, normalises the rewards and computes GAE;
