@@ -27,7 +27,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float, PRNGKeyArray
+from jaxtyping import Array, Bool, Float, PRNGKeyArray, UInt32
 
 from ..core._types import Batch, EnvOutput, EpisodeStats
 from ..core.envs import HostPool
@@ -83,16 +83,17 @@ class ActPrograms:
             return moments, obs, action, jnp.stack([logprob, value], axis=-1)
 
         def act_on(
-            leaves: list[Array], moments: Moments | None, obs: Any, key_data: Any, first: Any
+            leaves: list[Array], moments: Moments | None, obs: Any, step: UInt32[Array, " S"]
         ) -> tuple[Moments | None, Float[Array, "n K"]]:
             """The step's actions, log-probabilities and values (and where observations are normalised, the scaled
             observations), packed in one float32 array ``[n, K]``: one transfer back to the host a step. Writing
             them into buffers on the device costs more there than the whole policy (a TPU v5e: an uint8 frame buffer
-            updated in place 4.7 ms a call against 1.1 ms without it)."""
+            updated in place 4.7 ms a call against 1.1 ms without it). ``step``: the step key's data and the pool's
+            first row, one array (``steps``): one transfer fewer a call."""
             traces[0] += 1
             if traces[0] > most:
                 raise RuntimeError(f"the host loop's act program was traced {traces[0]} times, at most {most}")
-            moments, seen, action, logprob_value = policy(leaves, moments, obs, key_data, first)
+            moments, seen, action, logprob_value = policy(leaves, moments, obs, step[:-1], step[-1].astype(jnp.int32))
             rows = [action.reshape(action.shape[0], -1).astype(jnp.float32), logprob_value]  # int32 < 2**24: exact
             if moments is not None:
                 rows.append(seen.reshape(seen.shape[0], -1))
@@ -107,10 +108,17 @@ class ActPrograms:
         self.observe = jax.jit(observed)
         self.stack = own_jit(functools.partial(_stacked, normalize=normalize))
 
-    def keys(self, key: PRNGKeyArray) -> np.ndarray:
-        """The data of ``rollout``'s step keys for ``key``, on the host: row t is step t's."""
+    def steps(self, key: PRNGKeyArray, firsts: list[int]) -> UInt32[np.ndarray, "P T K"]:
+        """What ``act`` takes for each pool and step besides the observations, on the host: ``[p, t]`` is the data of
+        ``rollout``'s step key t for ``key`` and, last, pool p's first row (``firsts[p]``). One argument rather than
+        two: each array a jitted call is given is a transfer of its own (on the 2-core AMD EPYC, a call of a small
+        program with three NumPy arguments 56-65 us, with one 43-47)."""
         self.impl = jax.random.key_impl(key)
-        return np.asarray(self._keys(key))
+        key_data = np.asarray(self._keys(key))
+        steps = np.empty((len(firsts), *key_data.shape[:-1], key_data.shape[-1] + 1), np.uint32)
+        steps[..., :-1] = key_data
+        steps[..., -1] = np.asarray(firsts, np.uint32)[:, None]
+        return steps
 
     def leaves(self, model: Policy) -> list[Array]:
         """``model``'s array leaves on the act device, its structure (the same at every call) kept for ``act``."""
@@ -130,10 +138,10 @@ class ActPrograms:
         """``tree`` on the learner's device (as it is, where the act device is that one)."""
         return tree if self.act_device == self.device else jax.device_put(tree, self.device)
 
-    def policy_rows(self, leaves: list[Array], key_data: np.ndarray, first_obs: np.ndarray) -> dict[str, Any]:
-        """The shapes of what the policy gives for ``first_obs`` (one pool's): the observations it saw, its actions
-        and ``logprob_value``, each a ``jax.ShapeDtypeStruct`` of one step's rows."""
-        _, seen, action, logprob_value = jax.eval_shape(self._policy, leaves, None, first_obs, key_data[0], 0)
+    def policy_rows(self, leaves: list[Array], step: np.ndarray, first_obs: np.ndarray) -> dict[str, Any]:
+        """The shapes of what the policy gives for ``first_obs`` (one pool's; ``step``, a row of ``steps``): the
+        observations it saw, its actions and ``logprob_value``, each a ``jax.ShapeDtypeStruct`` of one step's rows."""
+        _, seen, action, logprob_value = jax.eval_shape(self._policy, leaves, None, first_obs, step[:-1], 0)
         if self.normalize is not None and self.normalize.obs:
             seen = jax.ShapeDtypeStruct(seen.shape, jnp.float32)
         return {"obs": seen, "actions": action, "logprob_value": logprob_value}
@@ -166,14 +174,14 @@ class HostLoop:
         return np.concatenate([pool.first_obs for pool in self.pools])
 
     def _act_and_send(
-        self, p: int, t: int, leaves: list[Array], moments: Moments | None, obs: Any, key_data: np.ndarray
+        self, p: int, t: int, leaves: list[Array], moments: Moments | None, obs: Any, step: np.ndarray
     ) -> Moments | None:
         """Pool ``p``'s step ``t``: act on ``obs`` (raw, counted and scaled first where ``moments`` are given), send
         the actions, and write the step's rows into the host's buffers (after ``act`` has returned: the program
         that read the last rollout's buffers is done by then, since ``act`` waited for the update after it)."""
         host = self.host
         assert host is not None
-        moments, packed = self.programs.act(leaves, moments, obs, key_data, np.int32(self.rows[p].start))
+        moments, packed = self.programs.act(leaves, moments, obs, step)
         packed = np.asarray(packed)
         rows, width, taken = self.rows[p], self.action_width, host["actions"]
         actions = packed[:, :width].astype(taken.dtype).reshape(-1, *taken.shape[2:])
@@ -185,23 +193,23 @@ class HostLoop:
         return moments
 
     def _actor(
-        self, pools: list[int], leaves: list[Array], key_data: np.ndarray, moments: Moments | None, first: Any
+        self, pools: list[int], leaves: list[Array], steps: np.ndarray, moments: Moments | None, first: Any
     ) -> Moments | None:
         """One actor's rollout over its ``pools``: each acts for step t + 1 as soon as its step t is received,
         while the actor's other pool steps. ``first``: the rollout's first observations where they are normalised
         (one pool: the carry's, counted and scaled already), else None (each pool's last)."""
-        host, steps = self.host, self.num_steps
+        host, count = self.host, self.num_steps
         assert host is not None
         for p in pools:
-            self._act_and_send(p, 0, leaves, None, self.obs[p] if first is None else first, key_data[0])
-        for t in range(steps):
+            self._act_and_send(p, 0, leaves, None, self.obs[p] if first is None else first, steps[p, 0])
+        for t in range(count):
             for p in pools:
                 out: EnvOutput = self.pools[p].recv()
                 for name in HOST_ROWS:
                     host[name][t, self.rows[p]] = getattr(out, name)
                 self.obs[p] = np.asarray(out.obs)
-                if t + 1 < steps:
-                    moments = self._act_and_send(p, t + 1, leaves, moments, self.obs[p], key_data[t + 1])
+                if t + 1 < count:
+                    moments = self._act_and_send(p, t + 1, leaves, moments, self.obs[p], steps[p, t + 1])
         return moments
 
     def __call__(
@@ -211,15 +219,15 @@ class HostLoop:
         are normalised (one actor, one pool), ``act`` counts and scales each step's as it comes back (the rollout's
         first are ``carry.obs``, counted and scaled already)."""
         programs = self.programs
-        leaves, key_data = programs.leaves(model), programs.keys(key)
-        self._ready(leaves, key_data)
+        leaves, steps = programs.leaves(model), programs.steps(key, [rows.start for rows in self.rows])
+        self._ready(leaves, steps)
         observing = isinstance(carry.handle, NormalizedHandle) and programs.normalize.obs
         moments: Moments | None = programs.to_act(carry.handle.obs) if observing else None
         first = np.asarray(carry.obs) if observing else None
         if self._threads is None:
-            moments = self._actor(self.actors[0], leaves, key_data, moments, first)
+            moments = self._actor(self.actors[0], leaves, steps, moments, first)
         else:  # normalised observations have one actor: no moments cross the threads
-            futures = [self._threads.submit(self._actor, pools, leaves, key_data, None, None) for pools in self.actors]
+            futures = [self._threads.submit(self._actor, pools, leaves, steps, None, None) for pools in self.actors]
             for future in futures:
                 future.result()
         if moments is not None:
@@ -231,10 +239,10 @@ class HostLoop:
         # ``act`` has returned, and it waits for the update that waits for this program.
         return programs.stack(model, carry.stats, handle, self.host, last_obs, gamma, gae_lambda)
 
-    def _ready(self, leaves: list[Array], key_data: np.ndarray) -> None:
+    def _ready(self, leaves: list[Array], steps: np.ndarray) -> None:
         """The host buffers of a rollout's steps, made once: the env's rows and the policy's."""
         if self.host is None:
-            shapes = self.programs.policy_rows(leaves, key_data, self.obs[0])
+            shapes = self.programs.policy_rows(leaves, steps[0, 0], self.obs[0])
             self.host = {name: np.zeros((self.num_steps, self.total), dtype) for name, dtype in HOST_ROWS.items()}
             for name, x in shapes.items():
                 self.host[name] = np.zeros((self.num_steps, self.total, *x.shape[1:]), x.dtype)
@@ -244,16 +252,16 @@ class HostLoop:
         """Compile ``act`` (for each size of pool), ``observe`` and ``stack`` for states like these; returns the
         shapes of what a call returns."""
         programs = self.programs
-        leaves, key_data = programs.leaves(model), programs.keys(key)
-        self._ready(leaves, key_data)
+        leaves, steps = programs.leaves(model), programs.steps(key, [rows.start for rows in self.rows])
+        self._ready(leaves, steps)
         # A call of ``act`` on zeros for each pool, as the loop calls it (``lower`` with shapes alone would compile
         # another entry of jax's caches than the call finds).
         for p, obs in enumerate(self.obs):
-            programs.act(leaves, None, np.zeros_like(obs), key_data[0], np.int32(self.rows[p].start))
+            programs.act(leaves, None, np.zeros_like(obs), steps[p, 0])
         handle = carry.handle
         if isinstance(handle, NormalizedHandle) and programs.normalize and programs.normalize.obs:
             zeros, moments = np.zeros_like(self.obs[0]), programs.to_act(handle.obs)
-            programs.act(leaves, moments, zeros, key_data[0], np.int32(0))
+            programs.act(leaves, moments, zeros, steps[0, 0])
             programs.observe(moments, zeros)
         h = hyperparameters
         args = (model, carry.stats, handle, self.host, carry.obs, h.gamma, h.gae_lambda)
