@@ -219,8 +219,7 @@ class HostLoop:
         are normalised (one actor, one pool), ``act`` counts and scales each step's as it comes back (the rollout's
         first are ``carry.obs``, counted and scaled already)."""
         programs = self.programs
-        leaves, steps = programs.leaves(model), programs.steps(key, [rows.start for rows in self.rows])
-        self._ready(leaves, steps)
+        leaves, steps = self._ready(model, key)
         observing = isinstance(carry.handle, NormalizedHandle) and programs.normalize.obs
         moments: Moments | None = programs.to_act(carry.handle.obs) if observing else None
         first = np.asarray(carry.obs) if observing else None
@@ -239,21 +238,23 @@ class HostLoop:
         # ``act`` has returned, and it waits for the update that waits for this program.
         return programs.stack(model, carry.stats, handle, self.host, last_obs, gamma, gae_lambda)
 
-    def _ready(self, leaves: list[Array], steps: np.ndarray) -> None:
-        """The host buffers of a rollout's steps, made once: the env's rows and the policy's."""
+    def _ready(self, model: Policy, key: PRNGKeyArray) -> tuple[list[Array], np.ndarray]:
+        """What ``act`` takes for a rollout with ``key``: ``model``'s leaves on the act device and each pool's
+        ``steps``; and the host buffers of a rollout's steps, made once: the env's rows and the policy's."""
+        leaves, steps = self.programs.leaves(model), self.programs.steps(key, [rows.start for rows in self.rows])
         if self.host is None:
             shapes = self.programs.policy_rows(leaves, steps[0, 0], self.obs[0])
             self.host = {name: np.zeros((self.num_steps, self.total), dtype) for name, dtype in HOST_ROWS.items()}
             for name, x in shapes.items():
                 self.host[name] = np.zeros((self.num_steps, self.total, *x.shape[1:]), x.dtype)
             self.action_width = int(np.prod(shapes["actions"].shape[1:], dtype=np.int64))
+        return leaves, steps
 
     def compile(self, model: Policy, carry: RolloutCarry, key: PRNGKeyArray, hyperparameters: Any) -> Any:
         """Compile ``act`` (for each size of pool), ``observe`` and ``stack`` for states like these; returns the
         shapes of what a call returns."""
         programs = self.programs
-        leaves, steps = programs.leaves(model), programs.steps(key, [rows.start for rows in self.rows])
-        self._ready(leaves, steps)
+        leaves, steps = self._ready(model, key)
         # A call of ``act`` on zeros for each pool, as the loop calls it (``lower`` with shapes alone would compile
         # another entry of jax's caches than the call finds).
         for p, obs in enumerate(self.obs):
