@@ -180,3 +180,27 @@ def _runs_at_once() -> int | None:
         return int(os.environ["PPO_EQX_RUNS_AT_ONCE"])
     except (KeyError, ValueError):
         return None
+
+
+def where_it_ran(hardware: dict[str, Any]) -> str:
+    """How the run's first line says where it runs, from its ``hardware.json`` record: ``convolutions: kernel
+    (avx2), rollout: device``, or ``..., rollout: host (cpu:0, kernel), learning on cuda:0``."""
+    return f"convolutions: {_route(hardware)}, rollout: {_rollout(hardware['rollout'])}"
+
+
+def _route(hardware: dict[str, Any]) -> str:
+    """The convolution route as the first line says it: ``kernel (avx2)``, ``matmul``, ``xla``."""
+    isa = hardware["kernel_isa"]
+    return hardware["conv_impl"] if isa is None else f"{hardware['conv_impl']} ({isa})"
+
+
+def _rollout(record: dict[str, Any]) -> str:
+    """Where the rollout ran, as the first line says it: ``device``, or ``host (cpu:0, kernel), learning on
+    cuda:0``."""
+    if record["on"] == "host-envs":
+        policy, learn = record["policy_device"], record["learn_device"]
+        learning = "" if learn == policy else f", learning on {learn}"
+        return f"host-envs (envs on the host's CPU, the policy on {policy}{learning})"
+    if record["on"] != "host":
+        return record["on"]
+    return f"host ({record['rollout_device']}, {record['rollout_conv_impl']}), learning on {record['learn_device']}"

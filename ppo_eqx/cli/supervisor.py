@@ -27,6 +27,7 @@ from ..host.placement import Placement
 from ..host.resume import checked_metrics
 from ..host.run_dir import METRICS, SUMMARY, RunDirectory, never_trained
 from ..host.trainer import Trainer
+from .hardware import where_it_ran
 from .interrupts import EARLY, SIGNALS, exit_status, say
 from .plan import Plan
 from .progress import Progress, mean_return
@@ -204,7 +205,7 @@ class Supervisor:
             f"ppo-eqx: {config.env_id}, {config.num_iterations} iterations of {config.batch_size} steps"
             f"{_agents(config)}, "
             f"run directory {plan.run_dir}, jax {jax.__version__} on {jax.default_backend()}{devices}, "
-            f"convolutions: {_route(hardware)}, rollout: {_rollout(hardware['rollout'])}"
+            f"{where_it_ran(hardware)}"
         )
         note = auto_note(config.conv_impl, self.conv_impl, plan.spec)  # type: ignore[arg-type]
         if note is not None:
@@ -425,24 +426,6 @@ class Supervisor:
 
 OWN_ERRORS = (ConfigError, RunDirError, RunError, UsageError, NonFiniteError)
 """ppo_eqx's own errors, each one line already: never the user's code's, wherever they pass."""
-
-
-def _route(hardware: dict[str, Any]) -> str:
-    """The convolution route as the first line says it: ``kernel (avx2)``, ``matmul``, ``xla``."""
-    isa = hardware["kernel_isa"]
-    return hardware["conv_impl"] if isa is None else f"{hardware['conv_impl']} ({isa})"
-
-
-def _rollout(record: dict[str, Any]) -> str:
-    """Where the rollout ran, as the first line says it: ``device``, or ``host (cpu:0, kernel), learning on
-    cuda:0``."""
-    if record["on"] == "host-envs":
-        policy, learn = record["policy_device"], record["learn_device"]
-        learning = "" if learn == policy else f", learning on {learn}"
-        return f"host-envs (envs on the host's CPU, the policy on {policy}{learning})"
-    if record["on"] != "host":
-        return record["on"]
-    return f"host ({record['rollout_device']}, {record['rollout_conv_impl']}), learning on {record['learn_device']}"
 
 
 def _agents(config: PPOConfig) -> str:
