@@ -25,9 +25,10 @@ each including about 5-10 s of process start and jax/CUDA initialisation; the JS
   iteration, peak device memory (``peak_bytes_in_use``; None where the backend keeps no statistics, as the
   CPU), peak RSS, and the projected minutes for 10M steps (``(1e7 / steps_per_s + compile_s) / 60``).
 - ``host_envs_NxT_actors_K`` (one process, about 20 s a setting on a TPU): ``--rollout-on host-envs`` with K actor
-  threads for each of ``actor_grid`` (CleanRL's 8 envs at 1 to 8 actors, and 64 envs x 32 steps in minibatches of
-  256): env steps/s, and the share of an iteration that the host loop's rollout takes. Beside EnvPool's own host
-  step for the same env counts (``host_step``): the host's ceiling.
+  threads for each of ``actor_grid`` (``--preset tpu``'s 64 envs x 32 steps in minibatches of 256 at host-envs'
+  default count, K 0, first; CleanRL's 8 envs at 1 to 8 actors): env steps/s, the actors used, and the share of an
+  iteration that the host loop's rollout takes. Beside EnvPool's own host step for the same env counts
+  (``host_step``): the host's ceiling.
 - ``gymnax_cartpole_1``, ``gymnax_cartpole_64`` (about 30 s each, where gymnax is installed): the env in the
   program (``--env-backend gymnax``): CartPole-v1 with its preset (CleanRL's ppo.py, 499,712 steps an agent) for
   1 and 64 seeds, the whole run as one program; compile and run seconds apart, and the final return.
@@ -45,9 +46,10 @@ On the TPU machine (``../shared/tpu/README.md``)::
 
 A global budget (``--budget-s``: 450 s; 360 s with ``--quick``, for a loaded CPU) bounds the whole run: each
 part may use at most what is left of it (and ``--part-timeout-s``), and the parts that no longer fit are
-recorded as skipped with a note. JAX preallocates GPU memory beside EnvPool: as CleanRL does,
-``XLA_PYTHON_CLIENT_MEM_FRACTION`` is set to 0.6 unless it is set already. The parent process imports jax only
-after every part has run, on the CPU, to print the table.
+recorded as skipped with a note. A part of many rows (the pool sizes, the threads, the actor grid) prints each
+row as it is measured: one stopped by its limit keeps those, and its last row says where it stopped. JAX
+preallocates GPU memory beside EnvPool: as CleanRL does, ``XLA_PYTHON_CLIENT_MEM_FRACTION`` is set to 0.6 unless
+it is set already. The parent process imports jax only after every part has run, on the CPU, to print the table.
 """
 
 import argparse
@@ -93,10 +95,12 @@ class Settings:
     host_sizes: tuple[int, ...] = (8, 64)  # EnvPool's own host step, ALE's vector env, the XLA step on the CPU
     host_threads: tuple[int, ...] = (0, 2, 4, 8)  # 0: EnvPool's default (one per env, at most the cores)
     host_steps: int = 200
-    # host-envs' actor threads (issue 49): (num_envs, num_steps, num_minibatches, actor_threads), one process. CleanRL's
-    # settings at 1 to 8 actors, and 64 envs at CleanRL's update density (minibatches of 256, 4 epochs).
+    # host-envs' actor threads (issue 49): (num_envs, num_steps, num_minibatches, actor_threads), one process, in
+    # the order they matter: `--preset tpu`'s (64 envs at CleanRL's update density, minibatches of 256, 4 epochs; 0:
+    # host-envs' default count), CleanRL's settings at 1, 2 and 4 actors, then the rest. A part stopped by its
+    # limit keeps the settings it measured.
     actor_grid: tuple[tuple[int, int, int, int], ...] = (
-        (8, 128, 4, 1), (8, 128, 4, 2), (8, 128, 4, 4), (8, 128, 4, 8), (64, 32, 8, 2), (64, 32, 8, 4), (64, 32, 8, 8),
+        (64, 32, 8, 0), (8, 128, 4, 1), (8, 128, 4, 2), (8, 128, 4, 4), (64, 32, 8, 2), (64, 32, 8, 8), (8, 128, 4, 8),
     )  # fmt: skip
     actor_iterations: int = 10
     atari57_games: int = 8  # the plan's first runs, measured together for atari57_measure_s
@@ -136,6 +140,12 @@ QUICK = Settings(
 
 
 # --- Parts: each runs in its own process and returns its rows (or, for the environment, the header's entry).
+
+
+def measured(row: dict[str, Any]) -> dict[str, Any]:
+    """``row``, printed as one JSON line as soon as it is measured: the parent keeps it if the part is stopped."""
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def environment_part(settings: Settings) -> dict[str, Any]:
@@ -179,7 +189,7 @@ def env_only_part(settings: Settings, *, on: str = "device") -> list[dict[str, A
             row.update(status="ok", seconds=time.perf_counter() - start)
         except Exception as error:  # one pool size failing leaves the others measured
             row.update(status="error", error=f"{type(error).__name__}: {error}")
-        rows.append(row)
+        rows.append(measured(row))
     return rows
 
 
@@ -211,7 +221,7 @@ def host_step_part(settings: Settings, *, library: str) -> list[dict[str, Any]]:
                 row.update(env_steps_per_s=sps, status="ok", seconds=time.perf_counter() - start)
             except Exception as error:  # one setting failing leaves the others measured
                 row.update(status="error", error=f"{type(error).__name__}: {error}")
-            rows.append(row)
+            rows.append(measured(row))
     return rows
 
 
@@ -309,7 +319,7 @@ def host_envs_grid_part(settings: Settings) -> list[dict[str, Any]]:
     rows = []
     for num_envs, num_steps, num_minibatches, actors in settings.actor_grid:
         row: dict[str, Any] = {
-            "part": f"host_envs_{num_envs}x{num_steps}_actors_{actors}",
+            "part": f"host_envs_{num_envs}x{num_steps}_actors_{actors or 'default'}",
             "num_envs": num_envs,
             "num_steps": num_steps,
             "num_minibatches": num_minibatches,
@@ -324,6 +334,7 @@ def host_envs_grid_part(settings: Settings) -> list[dict[str, Any]]:
             ).validate()  # fmt: skip
             start = time.perf_counter()
             with Trainer(config) as trainer:
+                row["actor_threads_used"] = trainer.placement.rollout_record()["actor_threads"]
                 compile_s = trainer.compile()
                 for _ in range(settings.warmup):
                     jax.block_until_ready(trainer.dispatch().metrics)
@@ -344,7 +355,7 @@ def host_envs_grid_part(settings: Settings) -> list[dict[str, Any]]:
             )
         except Exception as error:  # one setting failing leaves the others measured
             row.update(status="error", error=f"{type(error).__name__}: {error}")
-        rows.append(row)
+        rows.append(measured(row))
     return rows
 
 
@@ -472,8 +483,17 @@ def measurement_parts(
     return parts
 
 
+class PartStopped(RuntimeError):
+    """A part stopped by its limit; ``rows``: those it printed as measured (``measured``) before."""
+
+    def __init__(self, message: str, rows: list[dict[str, Any]]):
+        super().__init__(message)
+        self.rows = rows
+
+
 def spawn_part(kind: str, settings: Settings, options: dict[str, Any], timeout_s: float) -> tuple[Any, float]:
-    """Run one part in a fresh process; its result (the last line of its stdout, JSON) and its seconds."""
+    """Run one part in a fresh process; its result (the last line of its stdout, JSON) and its seconds. Past
+    ``timeout_s``, ``PartStopped`` with the rows the part printed before."""
     command = [sys.executable, str(HERE), "--part", kind, "--settings", json.dumps(asdict(settings))]
     command += ["--options", json.dumps(options)]
     start = time.perf_counter()
@@ -482,8 +502,11 @@ def spawn_part(kind: str, settings: Settings, options: dict[str, Any], timeout_s
     env = {**os.environ, "JAX_PLATFORMS": "cpu"} if host_only else None
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"timed out after {timeout_s:.0f} s") from None
+    except subprocess.TimeoutExpired as stopped:
+        out = stopped.stdout or b""  # bytes whatever ``text`` says (subprocess.run's documentation)
+        printed = (out.decode(errors="replace") if isinstance(out, bytes) else out).splitlines()
+        rows = [json.loads(line) for line in printed if line.startswith("{") and line.endswith("}")]
+        raise PartStopped(f"timed out after {timeout_s:.0f} s, {len(rows)} rows measured", rows) from None
     seconds = time.perf_counter() - start
     lines = [line for line in done.stdout.splitlines() if line.startswith(("{", "["))]
     if done.returncode != 0 or not lines:
@@ -514,6 +537,9 @@ def run_parts(
             return None, {"part": name, "status": "skipped", "note": note}
         try:
             result, seconds = spawn_part(kind, settings, options, min(left, part_timeout_s))
+        except PartStopped as error:
+            print(f"# {name}: error: {error}", flush=True)
+            return error.rows or None, {"part": name, "status": "error", "error": str(error)}
         except RuntimeError as error:
             print(f"# {name}: error: {error}", flush=True)
             return None, {"part": name, "status": "error", "error": str(error)}
@@ -526,17 +552,18 @@ def run_parts(
     for name, kind, options in measurement_parts(settings, environment, peers):
         result, row = attempt(name, kind, options)
         if result is None:
-            measured = [row]
+            kept = [row]
         elif kind in ("env_only", "host_step", "host_envs_grid"):
-            measured = result  # one row per pool size (and threads), each with its own status
+            # One row per pool size (and threads), each with its own status; a part stopped keeps those measured.
+            kept = result if row["status"] == "ok" else [*result, row]
         elif kind == "script":
-            measured = [{**row, **script_summary(result)}]
+            kept = [{**row, **script_summary(result)}]
         else:
-            measured = [{**row, **result}]
-        for row in measured:
+            kept = [{**row, **result}]
+        for row in kept:
             if row["status"] == "ok" and not has_only_finite_numbers(row):
                 row.update(status="error", error="a measured number is not finite")
-        rows += measured
+        rows += kept
     return environment, rows
 
 

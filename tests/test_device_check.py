@@ -115,6 +115,46 @@ def test_a_failing_part_is_an_error_string() -> None:
         device_check.spawn_part("no such part", device_check.QUICK, {}, timeout_s=120)
 
 
+SLOW_PART = """
+import json, time
+for threads in (1, 2):
+    row = {"part": f"host_step_8_t{threads}", "status": "ok", "env_steps_per_s": 1000.0 * threads}
+    print(json.dumps(row), flush=True)
+print("a line of the part's own", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_part_stopped_by_its_limit_keeps_the_rows_it_measured(tmp_path: Path, monkeypatch) -> None:
+    device_check = load_bench_script("device_check")
+    slow = tmp_path / "slow_part.py"
+    slow.write_text(SLOW_PART)
+    monkeypatch.setattr(device_check, "HERE", slow)  # the part's process runs this script instead
+    with pytest.raises(device_check.PartStopped, match="timed out after 15 s, 2 rows measured") as stopped:
+        device_check.spawn_part("host_step", device_check.QUICK, {}, timeout_s=15)
+    assert [row["env_steps_per_s"] for row in stopped.value.rows] == [1000.0, 2000.0]
+
+
+@pytest.mark.unit
+def test_the_run_keeps_a_stopped_parts_rows_and_says_where_it_stopped(monkeypatch) -> None:
+    device_check = load_bench_script("device_check")
+    measured = [{"part": "host_envs_64x32_actors_default", "status": "ok", "env_steps_per_s": 9000.0}]
+
+    def spawn(kind: str, settings: Any, options: Any, timeout_s: float) -> tuple[Any, float]:
+        if kind == "environment":
+            return {"backend": "tpu"}, 1.0
+        raise device_check.PartStopped("timed out after 96 s, 1 rows measured", measured)
+
+    monkeypatch.setattr(device_check, "spawn_part", spawn)
+    monkeypatch.setattr(device_check, "measurement_parts", lambda *_: [("host_envs_actors", "host_envs_grid", {})])
+    environment, rows = device_check.run_parts(device_check.QUICK, 180.0, {})
+    assert environment["backend"] == "tpu"
+    assert rows == [
+        *measured,
+        {"part": "host_envs_actors", "status": "error", "error": "timed out after 96 s, 1 rows measured"},
+    ]
+
+
 @pytest.mark.unit
 def test_on_a_tpu_the_parts_that_compile_envpools_step_are_recorded_as_cannot_run() -> None:
     device_check = load_bench_script("device_check")
