@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args, no_type_check
 
 from .errors import ConfigError, show_value
-from .presets import PRESETS, auto_rollout_help, preset_for
+from .presets import PRESET_HELP, PRESETS, auto_rollout_help, preset_for
 from .settings import ENV_BACKENDS, FieldRange, Hyperparameters, Sizes, config_field, is_import_path
 from .sweeps import normal_sweep, setting_label
 from .validation import check_field, check_sweep
@@ -187,13 +187,7 @@ class PPOConfig(Hyperparameters):
         "optax.GradientTransformation (ppo_eqx's own)",
         choices=OPTIMIZERS,
     )
-    preset: str = config_field(
-        "cleanrl",
-        "the defaults a task takes before these flags: cleanrl (CleanRL's script for its kind: Atari, vector, "
-        "continuous; gymnax-blines' for MinAtar) or fast (continuous actions: CleanRL's update, value loss unclipped, "
-        "more envs stepped at once, more steps: chosen for the wall time to CleanRL's return) (ppo_eqx's own)",
-        choices=PRESETS,
-    )
+    preset: str = config_field("cleanrl", PRESET_HELP, choices=PRESETS)
     normalize_obs: bool = config_field(
         False,
         "normalise observations by their running mean and variance, clipped to +-10, inside the program, as "

@@ -75,8 +75,27 @@ CONTINUOUS_FAST_PRESET: dict[str, Any] = {
     "num_steps": 128,
     "clip_vloss": False,
 }
-PRESETS = ("cleanrl", "fast")
+# ``--preset tpu`` for Atari frames: EnvPool's envs stepped from the host by actor threads (host-envs; a TPU's
+# programs cannot hold EnvPool's XLA step), 64 envs x 32 steps in 8 minibatches. The envs: at 8 the chip's round trip
+# (1.4 ms a policy call) leaves the host idle; 64 reach more of the host's ceiling (EnvPool's own step: 5,063 env
+# steps/s at 8 envs, 12,115 at 64 on the lent TPU v5e's 13 cores). The steps and minibatches keep CleanRL's update:
+# minibatches of 256, 16 gradient steps per 1,024 env steps, so 10M steps make as many updates as CleanRL's.
+# Actor threads: host-envs' default (one per 8 envs, at most a third of the cores: 4 on 13). Measured on the chip
+# and on a CPU in docs/performance.md ("One TPU v5e").
+TPU_FRAMES_PRESET: dict[str, Any] = {
+    "num_envs": 64,
+    "num_steps": 32,
+    "num_minibatches": 8,
+    "rollout_on": "host-envs",
+}
+PRESETS = ("cleanrl", "fast", "tpu")
 """``PPOConfig.preset``'s values: the defaults a task takes (``preset_for``)."""
+PRESET_HELP = (
+    "the defaults a task takes before these flags: cleanrl (CleanRL's script for its kind: Atari, vector, "
+    "continuous; gymnax-blines' for MinAtar), fast (continuous actions: CleanRL's update, value loss unclipped, "
+    "more envs stepped at once, more steps: chosen for the wall time to CleanRL's return) or tpu (Atari: 64 envs "
+    "x 32 steps, 8 minibatches, host-envs: CleanRL's update at a TPU host's pace) (ppo_eqx's own)"
+)
 # CleanRL's ppo_atari_lstm.py, what it sets apart from ppo_atari_envpool_xla_jax.py: the value loss clipped (its
 # torch script honours the flag) and the advantages standardised by torch's std() ("cleanrl-torch"). It stacks one
 # frame where EnvPool's Atari tasks stack four: ppo_eqx keeps EnvPool's four (docs/design.md's deviations).
@@ -113,16 +132,24 @@ def preset_for(
     """Defaults that replace PPOConfig's for a kind of observation (``EnvSpec.kind``): none for Atari frames (with
     ``network`` "lstm", CleanRL's ppo_atari_lstm.py's), CleanRL's ppo.py for vectors, gymnax-blines' for MinAtar
     grids, and for ``continuous`` actions CleanRL's ppo_continuous_action.py (``preset`` "fast": with
-    ``CONTINUOUS_FAST_PRESET`` over it, continuous tasks only); on a backend whose envs run in the program
-    (``state_is_data``), many iterations per dispatch."""
+    ``CONTINUOUS_FAST_PRESET`` over it, continuous tasks only; "tpu": ``TPU_FRAMES_PRESET``, Atari frames and the
+    feedforward network only); on a backend whose envs run in the program (``state_is_data``), many iterations
+    per dispatch."""
     if preset == "fast" and not continuous:
         raise ConfigError(
             f"preset='fast' is for tasks of continuous actions (MuJoCo's); a task of {kind} observations and "
             "discrete actions takes CleanRL's; allowed: cleanrl"
         )
-    fast = {**CONTINUOUS_FAST_PRESET, "preset": "fast"} if preset == "fast" else {}
     kind = "continuous" if continuous else kind
+    if preset == "tpu" and (kind != "frames" or state_is_data or network != "feedforward"):
+        task = f"{kind} observations{' stepped in the program' if state_is_data else ''}, network={network!r}"
+        raise ConfigError(
+            f"preset='tpu' is for Atari frames stepped from the host (EnvPool's) with the feedforward network; this "
+            f"task has {task}; allowed: cleanrl{', fast' if continuous else ''}"
+        )
+    chosen = {"fast": CONTINUOUS_FAST_PRESET, "tpu": TPU_FRAMES_PRESET}.get(preset, {})
+    over = {**chosen, "preset": preset} if chosen else {}
     frames = LSTM_FRAMES_PRESET if network == "lstm" else {}
     presets = {"frames": frames, "vector": VECTOR_PRESET, "grid": GRID_PRESET, "continuous": CONTINUOUS_PRESET}
     dispatch = {"iterations_per_dispatch": JAX_ENV_DISPATCH[kind]} if state_is_data and kind in JAX_ENV_DISPATCH else {}
-    return {**presets[kind], **fast, **dispatch}
+    return {**presets[kind], **over, **dispatch}

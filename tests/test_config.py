@@ -97,6 +97,32 @@ def test_vector_tasks_get_cleanrls_ppo_py_preset():
     assert (PPOConfig().checkpoint_every, config.checkpoint_every) == (200, 250)
 
 
+def test_the_tpu_preset_keeps_cleanrls_update_over_64_envs_stepped_from_the_host():
+    """``--preset tpu`` (Atari frames): 64 envs x 32 steps from host-envs, and CleanRL's update per env step:
+    minibatches of CleanRL's size (8 envs x 128 steps / 4), as many gradient steps per env step, every other
+    setting CleanRL's. Other tasks are refused in one line naming what they allow."""
+    cleanrl, tpu = PPOConfig(**preset_for("frames")), PPOConfig(**preset_for("frames", preset="tpu"))
+    assert (tpu.num_envs, tpu.num_steps, tpu.rollout_on, tpu.preset) == (64, 32, "host-envs", "tpu")
+    assert tpu.batch_size // tpu.num_minibatches == 8 * 128 // 4 == cleanrl.minibatch_size
+    per_step = [c.update_epochs * c.num_minibatches / c.batch_size for c in (cleanrl, tpu)]
+    assert per_step[0] == per_step[1] == 4 * 4 / 1024
+    same = {"num_envs", "num_steps", "num_minibatches", "rollout_on", "preset"}
+    for field in dataclasses.fields(PPOConfig):
+        if field.name not in same:
+            assert getattr(tpu, field.name) == getattr(cleanrl, field.name), field.name
+    refused = [
+        ("vector", {}),
+        ("grid", {"state_is_data": True}),
+        ("frames", {"network": "lstm"}),
+        ("frames", {"state_is_data": True}),
+    ]
+    for kind, options in refused:
+        with pytest.raises(ConfigError, match=r"preset='tpu' is for Atari frames .*; allowed: cleanrl$"):
+            preset_for(kind, preset="tpu", **options)
+    with pytest.raises(ConfigError, match=r"this task has continuous observations.*; allowed: cleanrl, fast$"):
+        preset_for("vector", continuous=True, preset="tpu")
+
+
 def test_minatar_grids_get_gymnax_blines_preset_and_jax_envs_many_iterations_a_dispatch():
     config = PPOConfig(**preset_for("grid", state_is_data=True))
     assert (config.num_envs, config.num_steps, config.num_minibatches, config.update_epochs) == (64, 128, 8, 4)

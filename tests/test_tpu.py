@@ -2,7 +2,9 @@
 takes a route the chip can compile, and the route it cannot is refused in one line. Skipped where no TPU is
 present (CI). On the TPU machine, in one process (one program at a time may hold the chip)::
 
-    python3 -m pytest -m tpu -p no:xdist -W "ignore:Transparent hugepages:UserWarning"
+    python3 -m pytest -m tpu -n 0 -W "ignore:Transparent hugepages:UserWarning" tests/test_tpu.py
+
+(``-n 0``, not ``-p no:xdist``: the project's pytest options name xdist's own ``--dist``.)
 
 Float32 products on a TPU agree with float64 to about three digits at the default precision: the comparisons run
 under ``jax.default_matmul_precision("highest")`` (about seven), and a comparison of whole iterations allows each
@@ -72,6 +74,14 @@ def test_auto_steps_envpool_from_the_host_on_a_tpu() -> None:
     chosen = placement_for(dataclasses.replace(config, rollout_on="host-envs"), spec, envpool)
     assert isinstance(chosen, HostEnvsPlacement) and chosen.actor_threads > 1
     assert chosen.rollout_record()["policy_device"] == "tpu:0"
+
+
+def test_the_tpu_preset_steps_its_64_envs_by_actor_threads_acting_on_the_chip() -> None:
+    config = ppo_eqx.PPOConfig.for_task("Breakout-v5", preset="tpu")
+    envpool = backend("envpool")
+    chosen = placement_for(config, envpool.spec(config.env_id), envpool)
+    assert isinstance(chosen, HostEnvsPlacement) and chosen.actor_threads > 1
+    assert (config.num_envs, chosen.rollout_record()["policy_device"]) == (64, "tpu:0")
 
 
 def test_the_device_route_with_envpool_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
