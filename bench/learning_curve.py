@@ -14,7 +14,9 @@ run already there. Training runs as a child process with this interpreter; Ctrl-
 elsewhere: use --plot-only.
 
 Writes OUT.png and OUT.json (the curves, each seed's final return, random play's score, CleanRL's published
-10M-step return, the wall time, the hardware and the command). The final return is the report's convention
+10M-step return, the wall time, the hardware and the command). A run trained with settings this script has no
+flags for (a preset, more envs: plotted with --plot-only) has them named in the caption and the JSON
+(``settings_apart``) and in its training command; the script's command is then the plot's. The final return is the report's convention
 (ppo_eqx_bench.stats.final_return: the mean over the last 10% of iterations). CleanRL's published returns are
 at 10M steps, measured on a GPU: they are stated in the caption and the JSON, not drawn, since a 1M-step
 curve is not comparable with them. A MinAtar game's published 10M-step PPO return (gymnax-blines', the return
@@ -58,6 +60,13 @@ DEFAULTS = {
     "env_backend": "envpool",
     "network_init": "cleanrl",
 }
+
+
+SHOWN = (
+    "num_envs", "num_steps", "num_minibatches", "update_epochs", "learning_rate", "anneal_lr", "gamma", "gae_lambda",
+    "clip_coef", "clip_vloss", "ent_coef", "vf_coef", "max_grad_norm", "norm_adv", "loss", "rollout_on",
+)  # fmt: skip
+"""The settings a plot names where a run's differ from its task's defaults (``settings_apart``)."""
 
 
 class LearningCurveError(Exception):
@@ -196,6 +205,28 @@ def script_command(config: dict[str, Any], out: Path) -> str:
     return shlex.join([*args, "--out", str(out)])
 
 
+def settings_apart(config: dict[str, Any]) -> dict[str, Any]:
+    """The run's preset and network where they are not the defaults, and its settings among ``SHOWN`` that they do
+    not give (``PPOConfig.for_task``: the task's preset over CleanRL's defaults), in the order of ``SHOWN``: what a
+    run trained elsewhere (``--plot-only``) was trained with beyond this script's flags."""
+    chosen = {name: saved_setting(config, name) for name in ("preset", "network")}
+    try:
+        task = PPOConfig.for_task(str(config["env_id"]), saved_setting(config, "env_backend"), **chosen).to_dict()
+    except (ConfigError, ImportError, KeyError) as error:
+        raise LearningCurveError(f"cannot tell the run's settings from its task's defaults: {error}") from None
+    apart = {name: value for name, value in chosen.items() if value != getattr(PPOConfig(), name)}
+    return apart | {name: config[name] for name in SHOWN if name in config and config[name] != task[name]}
+
+
+def flags_of(settings: dict[str, Any]) -> list[str]:
+    """``ppo-eqx train``'s flags that set ``settings`` (``--no-NAME`` for a false boolean)."""
+    flags: list[str] = []
+    for name, value in settings.items():
+        flag = name.replace("_", "-")
+        flags += [f"--{flag}" if value else f"--no-{flag}"] if isinstance(value, bool) else [f"--{flag}", str(value)]
+    return flags
+
+
 def train_args(
     env_id: str,
     total_timesteps: int,
@@ -204,8 +235,10 @@ def train_args(
     run_dir: Path,
     env_backend: str = "envpool",
     network_init: str = "cleanrl",
+    apart: dict[str, Any] | None = None,
 ) -> list[str]:
-    """`ppo-eqx train`'s arguments for a new run (``--network-init`` only where it is not the default)."""
+    """`ppo-eqx train`'s arguments for a new run (``--network-init`` only where it is not the default; ``apart``,
+    settings beyond this script's flags, as ``settings_apart`` gives them)."""
     init = [] if network_init == DEFAULTS["network_init"] else ["--network-init", network_init]
     return [
         "train",
@@ -220,6 +253,7 @@ def train_args(
         str(num_seeds),
         "--seed",
         str(seed),
+        *flags_of(apart or {}),
         "--run-dir",
         str(run_dir),
         "--no-progress",
@@ -251,6 +285,16 @@ def curve_data(
     total_timesteps = config.get("total_timesteps")
     num_seeds = config.get("num_seeds", len(runs))
     first_seed = int(config.get("seed", runs[0].seed))
+    apart = settings_apart({"env_id": env_id, **config})
+    hyperparameters = "gymnax-blines' hyperparameters" if published else "CleanRL's hyperparameters"
+    if saved_setting(config, "network_init") != "cleanrl":
+        hyperparameters += ", gymnax-blines' initialisation"
+    if apart:
+        hyperparameters += ", " + ", ".join(f"{name}={value}" for name, value in apart.items())
+    # A run with settings this script has no flags for is plotted, not trained, by it.
+    plotted = shlex.join(
+        ["python", "bench/learning_curve.py", "--plot-only", "--run-dir", str(run_dir), "--out", str(out)]
+    )
     return {
         "env_id": env_id,
         "total_timesteps": total_timesteps,
@@ -268,12 +312,12 @@ def curve_data(
         "cleanrl_10m_return": cleanrl_10m,
         "published_return": published,
         "eval_mean_return": None if evals is None else float(sum(e["mean_return"] for e in evals) / len(evals)),
-        "hyperparameters_text": ("gymnax-blines' hyperparameters" if published else "CleanRL's hyperparameters")
-        + ("" if saved_setting(config, "network_init") == "cleanrl" else ", gymnax-blines' initialisation"),
+        "settings_apart": apart,
+        "hyperparameters_text": hyperparameters,
         "wall_seconds": max(run.final_seconds for run in runs),  # the agents trained together, in one program
         "hardware": hardware,
         "hardware_text": describe_hardware(hardware),
-        "command": script_command({"num_seeds": len(runs), **config}, out),
+        "command": plotted if apart else script_command({"num_seeds": len(runs), **config}, out),
         "train_command": shlex.join(
             [
                 "ppo-eqx",
@@ -285,6 +329,7 @@ def curve_data(
                     run_dir,
                     str(config.get("env_backend", DEFAULTS["env_backend"])),
                     saved_setting(config, "network_init"),
+                    apart,
                 ),
             ]
         ),

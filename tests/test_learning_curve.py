@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ppo_eqx.config import PPOConfig, preset_for
+from ppo_eqx.config import PPOConfig
 from ppo_eqx_bench.anchors import load_anchors
 from ppo_eqx_bench.plots import learning_curve_figure
 from ppo_eqx_bench.stats import moving_average
@@ -37,9 +37,11 @@ def lc() -> ModuleType:
 
 
 def seeds_config(env_id: str, iterations: int, num_seeds: int = 2, seed: int = 1) -> dict[str, Any]:
-    """seeds.json as `ppo-eqx train --env-id CartPole-v1 --num-seeds 2` writes it (its preset, our env id)."""
-    values = {**preset_for("vector"), "total_timesteps": iterations * BATCH, "seed": seed, "num_seeds": num_seeds}
-    return PPOConfig(env_id=env_id, **values).to_dict()
+    """seeds.json as `ppo-eqx train --env-id ENV_ID --num-seeds 2` writes it: the task's own preset (a MinAtar game's
+    on gymnax). The metrics written beside it count BATCH steps an iteration whatever its envs."""
+    backend = "gymnax" if env_id.endswith("-MinAtar") else "envpool"
+    values = {"total_timesteps": iterations * BATCH, "seed": seed, "num_seeds": num_seeds}
+    return PPOConfig.for_task(env_id, backend, **values).to_dict()
 
 
 def write_agent(agent_dir: Path, config: dict[str, Any], returns: list[float | None], *, finished: bool) -> None:
@@ -353,3 +355,28 @@ def test_eval_episodes_refuse_an_unfinished_run_in_one_line(
         f"learning_curve.py: --eval-episodes 4 plays finished runs' final policies; {run_dir} is not finished"
     )
     assert not list(tmp_path.glob("lc*"))
+
+
+def test_a_run_trained_with_other_settings_is_plotted_with_them(lc: ModuleType, tmp_path: Path) -> None:
+    """A run trained elsewhere (`--plot-only`) with settings this script has no flags for: the JSON and caption
+    name them, the training command carries them, and the script's command is the plot's, not a retraining."""
+    run_dir = make_run(tmp_path, "Breakout-v5")
+    shape = {"num_envs": 64, "num_steps": 32, "num_minibatches": 8}
+    for name in ("seeds.json", "seed1/config.json", "seed2/config.json"):
+        config = json.loads((run_dir / name).read_text())
+        (run_dir / name).write_text(json.dumps({**config, **shape}))
+    assert lc.main(["--plot-only", "--run-dir", str(run_dir), "--out", str(tmp_path / "lc")]) == 0
+    data = json.loads((tmp_path / "lc.json").read_text())
+    assert data["settings_apart"] == shape
+    assert data["hyperparameters_text"] == "CleanRL's hyperparameters, num_envs=64, num_steps=32, num_minibatches=8"
+    assert "--num-envs 64 --num-steps 32 --num-minibatches 8" in data["train_command"]
+    assert data["command"].startswith("python bench/learning_curve.py --plot-only --run-dir")
+    # A preset's run: the preset named, and what it sets not repeated; a false boolean as --no-NAME.
+    tpu = seeds_config("Breakout-v5", len(SEED1)) | {"preset": "tpu", "num_envs": 64, "num_steps": 32,
+                                                     "num_minibatches": 8, "rollout_on": "host-envs"}  # fmt: skip
+    assert lc.settings_apart(tpu) == {"preset": "tpu"}
+    assert lc.settings_apart(tpu | {"anneal_lr": False}) == {"preset": "tpu", "anneal_lr": False}
+    assert lc.flags_of({"preset": "tpu", "anneal_lr": False}) == ["--preset", "tpu", "--no-anneal-lr"]
+    assert lc.settings_apart(seeds_config("CartPole-v1", len(SEED1))) == {}
+    with pytest.raises(lc.LearningCurveError, match="cannot tell the run's settings .*not an EnvPool task"):
+        lc.settings_apart(seeds_config("CartPole-v1", len(SEED1)) | {"env_id": "Breakout-MinAtar"})
