@@ -68,9 +68,12 @@ from typing import Any
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1]))  # ppo_eqx_bench, from a checkout (jax-free)
 
+from ppo_eqx.presets import TPU_FRAMES_PRESET  # noqa: E402  (jax-free)
 from ppo_eqx_bench.atari_games import ATARI_57  # noqa: E402
 
 ATARI_SHAPE = (4, 84, 84)
+TPU_SHAPE = tuple(TPU_FRAMES_PRESET[name] for name in ("num_envs", "num_steps", "num_minibatches"))
+"""``--preset tpu``'s envs, steps and minibatches: the actor grid's first setting."""
 MIN_PART_S = 20.0  # a part started with less of the budget left would only be killed
 
 
@@ -100,7 +103,8 @@ class Settings:
     # host-envs' default count), CleanRL's settings at 1, 2 and 4 actors, then the rest. A part stopped by its
     # limit keeps the settings it measured.
     actor_grid: tuple[tuple[int, int, int, int], ...] = (
-        (64, 32, 8, 0), (8, 128, 4, 1), (8, 128, 4, 2), (8, 128, 4, 4), (64, 32, 8, 2), (64, 32, 8, 8), (8, 128, 4, 8),
+        (*TPU_SHAPE, 0), (8, 128, 4, 1), (8, 128, 4, 2), (8, 128, 4, 4),
+        (*TPU_SHAPE, 2), (*TPU_SHAPE, 8), (8, 128, 4, 8),
     )  # fmt: skip
     actor_iterations: int = 10
     atari57_games: int = 8  # the plan's first runs, measured together for atari57_measure_s

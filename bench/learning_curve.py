@@ -16,11 +16,11 @@ elsewhere: use --plot-only.
 Writes OUT.png and OUT.json (the curves, each seed's final return, random play's score, CleanRL's published
 10M-step return, the wall time, the hardware and the command). A run trained with settings this script has no
 flags for (a preset, more envs: plotted with --plot-only) has them named in the caption and the JSON
-(``settings_apart``) and in its training command; the script's command is then the plot's. The final return is the report's convention
-(ppo_eqx_bench.stats.final_return: the mean over the last 10% of iterations). CleanRL's published returns are
-at 10M steps, measured on a GPU: they are stated in the caption and the JSON, not drawn, since a 1M-step
-curve is not comparable with them. A MinAtar game's published 10M-step PPO return (gymnax-blines', the return
-that gymnax's README gives its PPO checkpoint) is drawn: a 10M-step run on gymnax is its like.
+(``settings_apart``) and in its training command; the script's command is then the plot's. The final return is the
+report's convention (ppo_eqx_bench.stats.final_return: the mean over the last 10% of iterations). CleanRL's
+published returns are at 10M steps, measured on a GPU: they are stated in the caption and the JSON, not drawn,
+since a 1M-step curve is not comparable with them. A MinAtar game's published 10M-step PPO return (gymnax-blines',
+the return that gymnax's README gives its PPO checkpoint) is drawn: a 10M-step run on gymnax is its like.
 
 gymnax-blines reports its final policy played afresh, not its training episodes: `--eval-episodes 164` plays
 each seed's final checkpoint for 164 episodes (`ppo-eqx eval`, sampled actions; its eval.json is kept in the
