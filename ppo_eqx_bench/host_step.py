@@ -1,6 +1,8 @@
 """EnvPool's (and ALE's) own host step, timed from Python with NumPy actions and no jax: how fast a machine's
 CPUs step a sync pool when nothing else is in the way (``bench/device_check.py``'s ``host_step`` and
-``ale_vector`` parts), and what the machine's CPUs are (``cpu_topology``).
+``ale_vector`` parts), what the machine's CPUs are (``cpu_topology``), and how long making EnvPool's pools stops the
+process's other Python threads (``envpool_make_stall``: the trainer makes the next segment's envs on a thread of
+its own while the actors step).
 
 The envs are made with CleanRL's options (``episodic_life``, ``reward_clip``, EnvPool's defaults for the rest:
 ``ppo_eqx.core.envs.envpool``), seeded ``seed + i``; actions are uniform random.
@@ -9,7 +11,9 @@ The envs are made with CleanRL's options (``episodic_life``, ``reward_clip``, En
 import os
 import platform
 import subprocess
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,60 @@ def envpool_host_sps(
         return _timed_steps(pool.step, num_envs, int(pool.action_space.n), steps, warmup)
     finally:
         pool.close()
+
+
+def stall_while(work: Callable[[], Any], tick_s: float = 0.001) -> dict[str, float]:
+    """Run ``work()`` while another thread sleeps ``tick_s`` at a time: the seconds ``work`` took, the seconds that
+    thread was stopped (the waits longer than 10 ms, summed: ``work`` held the GIL) and the longest wait."""
+    waits: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(tick_s)
+            now = time.perf_counter()
+            waits.append(now - last)
+            last = now
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    time.sleep(50 * tick_s)  # the ticker under way before the work starts
+    start = time.perf_counter()
+    try:
+        work()
+    finally:
+        took = time.perf_counter() - start
+        done.set()
+        ticker.join()
+    return {"work_s": took, "stalled_s": sum(w for w in waits if w > 0.01), "longest_s": max(waits, default=0.0)}
+
+
+def envpool_make_stall(env_id: str, pools: int, envs_per_pool: int) -> dict[str, float]:
+    """``stall_while`` of making ``pools`` EnvPool pools of ``envs_per_pool`` envs each (as host-envs' actors hold
+    them); the pools are closed after."""
+    import envpool
+
+    made: list[Any] = []
+
+    def make() -> None:
+        for k in range(pools):
+            made.append(
+                envpool.make(
+                    env_id,
+                    env_type="gymnasium",
+                    num_envs=envs_per_pool,
+                    seed=1 + k * envs_per_pool,
+                    episodic_life=True,
+                    reward_clip=True,
+                )  # fmt: skip
+            )
+
+    try:
+        return stall_while(make)
+    finally:
+        for pool in made:
+            pool.close()
 
 
 def ale_vector_sps(env_id: str, num_envs: int, *, num_threads: int = 0, steps: int = 200, warmup: int = 20) -> float:
