@@ -32,22 +32,20 @@ def _timed_steps(step: Any, num_envs: int, num_actions: int, steps: int, warmup:
     return num_envs * steps / (time.perf_counter() - start)
 
 
+def _envpool(env_id: str, num_envs: int, *, seed: int, **options: Any) -> Any:
+    """An EnvPool pool of ``num_envs`` envs seeded ``seed + i``, with CleanRL's options and ``options``."""
+    import envpool
+
+    return envpool.make(
+        env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, episodic_life=True, reward_clip=True, **options
+    )
+
+
 def envpool_host_sps(
     env_id: str, num_envs: int, *, num_threads: int = 0, affinity: int = -1, steps: int = 200, warmup: int = 20
 ) -> float:
     """Env steps per second of EnvPool's ``step`` (a sync pool: every env steps at once) from Python."""
-    import envpool
-
-    pool = envpool.make(
-        env_id,
-        env_type="gymnasium",
-        num_envs=num_envs,
-        seed=1,
-        episodic_life=True,
-        reward_clip=True,
-        num_threads=num_threads,
-        thread_affinity_offset=affinity,
-    )
+    pool = _envpool(env_id, num_envs, seed=1, num_threads=num_threads, thread_affinity_offset=affinity)
     try:
         pool.reset()
         return _timed_steps(pool.step, num_envs, int(pool.action_space.n), steps, warmup)
@@ -85,22 +83,11 @@ def stall_while(work: Callable[[], Any], tick_s: float = 0.001) -> dict[str, flo
 def envpool_make_stall(env_id: str, pools: int, envs_per_pool: int) -> dict[str, float]:
     """``stall_while`` of making ``pools`` EnvPool pools of ``envs_per_pool`` envs each (as host-envs' actors hold
     them); the pools are closed after."""
-    import envpool
-
     made: list[Any] = []
 
     def make() -> None:
         for k in range(pools):
-            made.append(
-                envpool.make(
-                    env_id,
-                    env_type="gymnasium",
-                    num_envs=envs_per_pool,
-                    seed=1 + k * envs_per_pool,
-                    episodic_life=True,
-                    reward_clip=True,
-                )  # fmt: skip
-            )
+            made.append(_envpool(env_id, envs_per_pool, seed=1 + k * envs_per_pool))
 
     try:
         return stall_while(make)
